@@ -1,0 +1,202 @@
+"""Every limit and timeout in one place, with units in the names.
+
+Theory of operation
+-------------------
+Configuration objects are frozen dataclasses. Each field has a default, a type, and (where it
+matters) a range checked by :meth:`_Config.validate`. Files are TOML whose keys are exactly the
+field names; an unknown key, a wrong type or an out-of-range value raises
+:class:`~bookkeeper_aio.errors.ConfigError` naming the key, so a typo never silently falls back
+to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from .errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (IPv6 hosts in brackets) into (host, port).
+
+    Raises:
+        ConfigError: not of that form, or the port is out of range.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class _Config:
+    """Shared loading and validation of configuration dataclasses."""
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> Self:
+        """Build from a mapping of field names to values, checking names and types.
+
+        Raises:
+            ConfigError: an unknown key, a wrong type or an invalid value.
+        """
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(names))}"
+            )
+        converted = {k: _coerce(k, v, hints[k], source) for k, v in values.items()}
+        config = cls(**converted)
+        config.validate()
+        return config
+
+    @classmethod
+    def from_file(cls, path: str | Path, overrides: Mapping[str, Any] | None = None) -> Self:
+        """Load a TOML file; ``overrides`` (e.g. command-line flags) win over the file.
+
+        Raises:
+            ConfigError: the file cannot be read or parsed, or a value is invalid.
+        """
+        try:
+            with open(path, "rb") as f:
+                values = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        return cls.from_mapping({**values, **(overrides or {})}, source=str(path))
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed, validated."""
+        config = dataclasses.replace(self, **changes)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Check ranges; subclasses add their own rules.
+
+        Raises:
+            ConfigError: a value is out of range.
+        """
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            positive = f.name.endswith(("_max", "_s", "_ms", "_bytes")) and not f.name.endswith(
+                "_wait_ms"
+            )
+            if positive and isinstance(value, int | float) and value <= 0:
+                raise ConfigError(f"{f.name} must be > 0, got {value}")
+
+
+def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
+    """Check ``value`` against a field's type; accept ints for floats and lists for tuples."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{source}: {key} must be a list of strings, got {value!r}")
+        return tuple(value)
+    if hint is float and type(value) is int:
+        return float(value)
+    if hint is bool and type(value) is str and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if type(value) is not hint:
+        raise ConfigError(
+            f"{source}: {key} must be {hint.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class BookieConfig(_Config):
+    """A bookie's configuration (``python -m bookkeeper_aio.bookie --config FILE``)."""
+
+    # Where it listens and how clients find it.
+    listen: str = "127.0.0.1:3181"
+    advertised_address: str | None = None  # bookie id; defaults to ``listen``
+    journal_dir: str = "data/journal"
+    ledger_dirs: tuple[str, ...] = ("data/ledgers",)
+    engine: str = "rocksdb"  # rocksdb | files | memory
+
+    # Wire limits.
+    frame_bytes_max: int = 5 * MiB  # like BookKeeper's nettyMaxFrameSizeBytes
+    connections_max: int = 1024
+    connection_requests_in_flight_max: int = 10_000  # past it: TOO_MANY_REQUESTS
+    connection_in_flight_bytes_max: int = 64 * MiB  # payload bytes awaiting the journal
+    connection_output_bytes_max: int = 8 * MiB  # unsent replies; past it we stop reading
+    handshake_timeout_s: float = 10.0
+
+    # Journal: group commit bounded by bytes and by wait time, then fdatasync.
+    journal_batch_bytes_max: int = 512 * KiB
+    journal_batch_wait_ms: float = 0.0  # 0: write as soon as the disk is free (adaptive)
+    journal_queue_bytes_max: int = 64 * MiB  # records waiting for the disk; past it, stop reading
+    journal_file_bytes_max: int = 256 * MiB  # roll over to a new file past this
+    journal_preallocate_bytes: int = 16 * MiB  # zero-filled ahead so fdatasync skips metadata
+
+    # Checkpoint: sync the engine, then drop journal files it covers.
+    checkpoint_interval_s: float = 10.0
+
+    # Long-poll reads parked waiting for the LAC to advance.
+    long_poll_parked_max: int = 10_000
+    long_poll_timeout_ms_max: int = 60_000
+
+    # Read-only mode when a ledger dir fills up.
+    disk_check_interval_s: float = 10.0
+    disk_usage_threshold: float = 0.95  # read-only at or above this fraction used
+    disk_usage_lwm_threshold: float = 0.90  # writable again below this
+    force_read_only: bool = False
+
+    list_entries_max: int = 100_000  # entry ids per LIST_ENTRIES answer
+    shutdown_timeout_s: float = 30.0
+
+    def validate(self) -> None:
+        super().validate()
+        parse_address(self.listen)
+        if self.advertised_address is not None:
+            parse_address(self.advertised_address)
+        if self.engine not in ("rocksdb", "files", "memory"):
+            raise ConfigError(f"engine must be rocksdb, files or memory, got {self.engine!r}")
+        if not self.ledger_dirs:
+            raise ConfigError("at least one ledger dir is needed")
+        if not 0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold <= 1:
+            raise ConfigError(
+                "need 0 < disk_usage_lwm_threshold <= disk_usage_threshold <= 1, got "
+                f"{self.disk_usage_lwm_threshold} and {self.disk_usage_threshold}"
+            )
+        if self.journal_batch_wait_ms < 0:
+            raise ConfigError("journal_batch_wait_ms must be >= 0")
+        if self.journal_batch_bytes_max > self.journal_queue_bytes_max:
+            raise ConfigError("journal_batch_bytes_max must be <= journal_queue_bytes_max")
+        if self.journal_file_bytes_max < self.frame_bytes_max + self.journal_batch_bytes_max:
+            raise ConfigError("journal_file_bytes_max must hold a batch plus the largest frame")
+
+    @property
+    def bookie_id(self) -> str:
+        """The address clients use for this bookie."""
+        return self.advertised_address or self.listen
+
+
+@dataclass(frozen=True)
+class ClientConfig(_Config):
+    """Limits and timeouts of a client (connections to bookies)."""
+
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 10.0  # any request without its own longer deadline
+    frame_bytes_max: int = 5 * MiB
+    bookie_requests_in_flight_max: int = 5_000  # per connection; below the bookie's bound
+    client_name: str = field(default="bookkeeper-aio")

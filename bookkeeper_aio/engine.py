@@ -1,0 +1,96 @@
+"""The storage-engine seam: what a bookie needs from its ledger storage.
+
+Theory of operation
+-------------------
+An engine stores two things per ledger: entries (``entry_id -> record bytes``, the record being
+opaque to the engine) and one :class:`LedgerInfo` (master key, fenced, limbo, explicit LAC).
+The interface is small and **synchronous** (STYLE.md guideline 12); the bookie decides where
+blocking happens.
+
+Durability contract
+    Writes (``put_entry``, ``put_ledger``, ``delete_ledger``) may be buffered. ``sync()`` makes
+    every write that returned before ``sync()`` was called durable: after a crash and reopen
+    they are all there, byte for byte. A crash may lose writes made after the last ``sync()``
+    (some, all or none of them) but never returns a torn or corrupt record: a lost write is
+    absent, a present write is whole.
+
+Threading contract
+    All methods are called from one thread (the bookie's event loop), except ``sync()``, which
+    the bookie may run in one worker thread at the same time as the other methods.
+    Implementations lock what they must for that.
+
+Reads see every write already made, synced or not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import msgpack
+
+
+@dataclass(frozen=True)
+class LedgerInfo:
+    """What a bookie knows about a ledger besides its entries."""
+
+    master_key: bytes = b""
+    fenced: bool = False
+    limbo: bool = False  # BP-46: never answer an explicit negative for this ledger
+    explicit_lac: bytes = b""  # a packed LacProof; empty if none was written
+
+    def to_bytes(self) -> bytes:
+        """A compact, versioned encoding for engines that store bytes."""
+        return msgpack.packb([1, self.master_key, self.fenced, self.limbo, self.explicit_lac])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> LedgerInfo:
+        """Inverse of :meth:`to_bytes`.
+
+        Raises:
+            ValueError: not an encoding of a known version.
+        """
+        fields = msgpack.unpackb(data, raw=False, max_map_len=0)
+        if not isinstance(fields, list) or not fields or fields[0] != 1 or len(fields) != 5:
+            raise ValueError(f"not a LedgerInfo v1 encoding: {data[:40]!r}")
+        return cls(*fields[1:])
+
+    def replace(self, **changes: object) -> LedgerInfo:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Ledger storage: entries and ledger infos, synchronous, with ``sync()`` as durability."""
+
+    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+        """Store (or overwrite) one entry's record."""
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The record of an entry, or None if absent."""
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """The highest entry id stored for the ledger, or -1 if none."""
+
+    def list_entries(self, ledger_id: int, start_entry_id: int, max_count: int) -> list[int]:
+        """Up to ``max_count`` stored entry ids >= ``start_entry_id``, ascending."""
+
+    def get_ledger(self, ledger_id: int) -> LedgerInfo | None:
+        """The ledger's info, or None if none was stored."""
+
+    def put_ledger(self, ledger_id: int, info: LedgerInfo) -> None:
+        """Store (or replace) the ledger's info."""
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Remove the ledger's info and all its entries (no-op if absent)."""
+
+    def ledgers(self) -> list[int]:
+        """Ids of every ledger with an info or at least one entry, ascending."""
+
+    def sync(self) -> None:
+        """Make every write that returned before this call durable."""
+
+    def close(self) -> None:
+        """Sync and release files and locks; the engine is unusable afterwards."""

@@ -1,0 +1,436 @@
+"""Wire messages and the sans-IO codec: bytes in, messages out (docs/protocol.md).
+
+Theory of operation
+-------------------
+A connection carries frames in both directions. A frame is a 4-byte big-endian body length
+followed by a msgpack body. The body is always a positional array ``[op, request_id, ...]``;
+``op`` picks the message type, responses use ``op | 0x80`` and echo the request id, so many
+requests can be in flight on one connection and answers may come back in any order.
+
+Each message type is a ``NamedTuple`` (immutable, typed, positional: it *is* the frame's field
+list, and builds 4-8x faster than a frozen dataclass, which matters at 100k messages/s).
+:func:`encode` packs a message; :class:`FrameDecoder` turns a byte stream, cut at any point,
+into messages. A frame whose length is fine but whose contents are not a valid message (not
+msgpack, unknown op, wrong field count or type) becomes a :class:`BadFrame` carrying the
+request id when one could be read, so the server can answer it and keep the connection. A
+frame whose declared length exceeds ``frame_bytes_max`` (or is zero) raises
+:class:`~bookkeeper_aio.errors.FrameTooLargeError` / :class:`~bookkeeper_aio.errors.ProtocolError`:
+the stream cannot be trusted any more and that one connection is closed.
+
+Nothing here does I/O, reads a clock or knows about asyncio.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import msgpack
+
+from .digest import LacProof
+from .errors import FrameTooLargeError, ProtocolError
+
+PROTOCOL_VERSION = 1
+FRAME_HEADER = struct.Struct(">I")
+RESPONSE_BIT = 0x80
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+UINT64_MAX = (1 << 64) - 1
+STR_BYTES_MAX = 64 * 1024
+ARRAY_LEN_MAX = 1 << 20
+
+# Flags of AddRequest
+ADD_FLAG_RECOVERY = 0x1
+# Flags of ReadRequest / ReadLacRequest
+READ_FLAG_FENCE = 0x1
+READ_FLAG_LONG_POLL = 0x2
+
+
+# --- requests -----------------------------------------------------------------------------
+
+
+class HelloRequest(NamedTuple):
+    """First frame of every connection: the client's protocol version."""
+
+    OP = 1
+    request_id: int
+    protocol_version: int
+    client_name: str
+
+
+class AddRequest(NamedTuple):
+    """Store one entry. ``digest`` covers (ledger_id, entry_id, lac, payload)."""
+
+    OP = 2
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    flags: int  # ADD_FLAG_RECOVERY
+    master_key: bytes
+    lac: int
+    payload: bytes
+    digest: int
+
+
+class ReadRequest(NamedTuple):
+    """Read one entry; may fence (READ_FLAG_FENCE) or long-poll (READ_FLAG_LONG_POLL)."""
+
+    OP = 3
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    flags: int
+    master_key: bytes | None  # required with READ_FLAG_FENCE
+    previous_lac: int  # long poll: wait until the bookie's LAC > previous_lac
+    timeout_ms: int  # long poll: give up after this long (the bookie clamps it)
+
+
+class ReadLacRequest(NamedTuple):
+    """Read the highest LAC the bookie knows for a ledger; may fence."""
+
+    OP = 4
+    request_id: int
+    ledger_id: int
+    flags: int  # READ_FLAG_FENCE
+    master_key: bytes | None
+
+
+class WriteLacRequest(NamedTuple):
+    """Store an explicit LAC record (the writer's LAC when it has nothing to add)."""
+
+    OP = 5
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+    lac: int
+    digest: int
+
+
+class ListEntriesRequest(NamedTuple):
+    """List the entry ids a bookie holds for a ledger, from ``start_entry_id``."""
+
+    OP = 6
+    request_id: int
+    ledger_id: int
+    start_entry_id: int
+    max_count: int
+
+
+class BookieInfoRequest(NamedTuple):
+    """Ask for the bookie's disk space and state."""
+
+    OP = 7
+    request_id: int
+
+
+# --- responses ----------------------------------------------------------------------------
+
+
+class HelloResponse(NamedTuple):
+    OP = HelloRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    protocol_version: int
+    bookie_id: str
+
+
+class AddResponse(NamedTuple):
+    OP = AddRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    ledger_id: int
+    entry_id: int
+
+
+class ReadResponse(NamedTuple):
+    """An entry (entry_lac, payload, digest all set) or, after a long poll, maybe none."""
+
+    OP = ReadRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    ledger_id: int
+    entry_id: int
+    entry_lac: int | None
+    payload: bytes | None
+    digest: int | None
+    lac_proof: LacProof | None  # the highest LAC this bookie holds for the ledger
+
+
+class ReadLacResponse(NamedTuple):
+    OP = ReadLacRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    ledger_id: int
+    lac_proof: LacProof | None
+    last_entry_id: int  # -1 if the bookie holds no entry of the ledger
+
+
+class WriteLacResponse(NamedTuple):
+    OP = WriteLacRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    ledger_id: int
+
+
+class ListEntriesResponse(NamedTuple):
+    """Held entry ids as inclusive ``[first, last]`` ranges; ``next_entry_id`` -1 when done."""
+
+    OP = ListEntriesRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    ledger_id: int
+    ranges: list[list[int]]
+    next_entry_id: int
+
+
+class BookieInfoResponse(NamedTuple):
+    OP = BookieInfoRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    free_bytes: int
+    total_bytes: int
+    read_only: bool
+    bookie_id: str
+
+
+class ErrorResponse(NamedTuple):
+    """The answer to a frame that could not be understood (``request_id`` -1 if unknown)."""
+
+    OP = 0xFF
+    request_id: int
+    status: int
+    message: str
+
+
+Request = (
+    HelloRequest
+    | AddRequest
+    | ReadRequest
+    | ReadLacRequest
+    | WriteLacRequest
+    | ListEntriesRequest
+    | BookieInfoRequest
+)
+Response = (
+    HelloResponse
+    | AddResponse
+    | ReadResponse
+    | ReadLacResponse
+    | WriteLacResponse
+    | ListEntriesResponse
+    | BookieInfoResponse
+    | ErrorResponse
+)
+Message = Request | Response
+
+
+class BadFrame(NamedTuple):
+    """A correctly framed body that is not a valid message."""
+
+    request_id: int
+    reason: str
+
+
+# --- field validation -------------------------------------------------------------------
+# Each message's fields are described by one tag per field; a checker function is generated
+# from the tags (a generic per-field loop costs ~1.5 us per message, the generated one ~0.3 us).
+#   i int64   u uint64   b bytes   s str   t bool
+#   I int64 or None   U uint64 or None   B bytes or None   p LacProof or None   r ranges
+
+_SPECS: dict[type, str] = {
+    HelloRequest: "iis",
+    AddRequest: "iiiibibu",
+    ReadRequest: "iiiiBii",
+    ReadLacRequest: "iiiB",
+    WriteLacRequest: "iibiu",
+    ListEntriesRequest: "iiii",
+    BookieInfoRequest: "i",
+    HelloResponse: "iiis",
+    AddResponse: "iiii",
+    ReadResponse: "iiiiIBUp",
+    ReadLacResponse: "iiipi",
+    WriteLacResponse: "iii",
+    ListEntriesResponse: "iiiri",
+    BookieInfoResponse: "iiiits",
+    ErrorResponse: "iis",
+}
+_INT = f"(type({{v}}) is int and {INT64_MIN} <= {{v}} <= {INT64_MAX})"
+_UINT = f"(type({{v}}) is int and 0 <= {{v}} <= {UINT64_MAX})"
+_TAG_EXPR = {
+    "i": _INT,
+    "u": _UINT,
+    "b": "(type({v}) is bytes)",
+    "s": "(type({v}) is str)",
+    "t": "(type({v}) is bool)",
+    "I": "({v} is None or " + _INT + ")",
+    "U": "({v} is None or " + _UINT + ")",
+    "B": "({v} is None or type({v}) is bytes)",
+    "p": "({v} is None or _proof({v}))",
+    "r": "_ranges({v})",
+}
+
+
+def _proof(v: Any) -> bool:
+    return (
+        type(v) is list
+        and len(v) == 4
+        and all(type(x) is int and INT64_MIN <= x <= INT64_MAX for x in v[:2])
+        and all(type(x) is int and 0 <= x <= UINT64_MAX for x in v[2:])
+    )
+
+
+def _ranges(v: Any) -> bool:
+    return type(v) is list and all(
+        type(r) is list
+        and len(r) == 2
+        and all(type(x) is int and INT64_MIN <= x <= INT64_MAX for x in r)
+        for r in v
+    )
+
+
+def _checker(tags: str) -> Callable[[list[Any]], bool]:
+    """Generate ``check(args) -> bool`` for a message's field list (without the op)."""
+    terms = [_TAG_EXPR[t].format(v=f"a[{i}]") for i, t in enumerate(tags)]
+    src = f"def check(a):\n    return {' and '.join(terms)}\n"
+    namespace: dict[str, Any] = {"_proof": _proof, "_ranges": _ranges}
+    exec(src, namespace)  # the source is built from the constant tags above only
+    return namespace["check"]
+
+
+_BY_OP: dict[int, tuple[type, int, Callable[[list[Any]], bool]]] = {
+    cls.OP: (cls, len(tags), _checker(tags))  # type: ignore[attr-defined]
+    for cls, tags in _SPECS.items()
+}
+_PROOF_FIELD = {ReadResponse: 7, ReadLacResponse: 3}
+
+
+def _build(fields: list[Any]) -> Message | BadFrame:
+    """Turn a decoded body ``[op, request_id, ...]`` into a message, or a BadFrame."""
+    if not fields:
+        return BadFrame(-1, "empty frame")
+    op = fields[0]
+    args = fields[1:]
+    request_id = args[0] if args and type(args[0]) is int and _in_int64(args[0]) else -1
+    entry = _BY_OP.get(op) if type(op) is int else None
+    if entry is None:
+        return BadFrame(request_id, f"unknown operation {op!r:.20}")
+    cls, count, check = entry
+    if len(args) != count:
+        return BadFrame(request_id, f"{cls.__name__} takes {count} fields, got {len(args)}")
+    if not check(args):
+        return BadFrame(request_id, f"{cls.__name__}: {_first_bad_field(cls, args)}")
+    proof_at = _PROOF_FIELD.get(cls)
+    if proof_at is not None and args[proof_at] is not None:
+        args[proof_at] = LacProof(*args[proof_at])
+    return cls(*args)
+
+
+def _in_int64(v: int) -> bool:
+    return INT64_MIN <= v <= INT64_MAX
+
+
+def _first_bad_field(cls: type, args: list[Any]) -> str:
+    for i, tag in enumerate(_SPECS[cls]):
+        if not _checker(tag)([args[i]]):
+            return f"field {cls._fields[i]} has a bad value {args[i]!r:.60}"  # type: ignore[attr-defined]
+    return "bad fields"
+
+
+# --- codec --------------------------------------------------------------------------------
+
+
+class FrameEncoder:
+    """Packs messages into frames. Not thread-safe: one per connection (or thread)."""
+
+    def __init__(self) -> None:
+        self._packer = msgpack.Packer(use_bin_type=True, datetime=False, autoreset=True)
+
+    def encode(self, msg: Message) -> bytes:
+        """One frame: 4-byte big-endian length, then the msgpack array ``[op, *fields]``."""
+        body = self._packer.pack([msg.OP, *msg])  # type: ignore[union-attr]
+        return FRAME_HEADER.pack(len(body)) + body
+
+
+_local = threading.local()
+
+
+def encode(msg: Message) -> bytes:
+    """Encode one message as a frame, using a per-thread encoder."""
+    encoder = getattr(_local, "encoder", None)
+    if encoder is None:
+        encoder = _local.encoder = FrameEncoder()
+    return encoder.encode(msg)
+
+
+class FrameDecoder:
+    """Turns a byte stream cut at arbitrary points into messages (and BadFrames)."""
+
+    def __init__(self, frame_bytes_max: int) -> None:
+        assert frame_bytes_max > 0
+        self.frame_bytes_max = frame_bytes_max
+        self._buf = bytearray()
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[Message | BadFrame]:
+        """Add bytes; return every message now complete, in order.
+
+        Raises:
+            FrameTooLargeError: a frame declares a length above ``frame_bytes_max``.
+            ProtocolError: a frame declares length zero.
+        """
+        buf = self._buf
+        buf += data
+        out: list[Message | BadFrame] = []
+        pos, end = 0, len(buf)
+        view = memoryview(buf)
+        try:
+            while end - pos >= 4:
+                (n,) = FRAME_HEADER.unpack_from(buf, pos)
+                if n > self.frame_bytes_max:
+                    raise FrameTooLargeError(
+                        f"frame of {n} bytes exceeds frame_bytes_max {self.frame_bytes_max}"
+                    )
+                if n == 0:
+                    raise ProtocolError("frame of length 0")
+                if end - pos - 4 < n:
+                    break
+                out.append(self._decode_body(view[pos + 4 : pos + 4 + n]))
+                pos += 4 + n
+        finally:
+            view.release()
+        if pos:
+            del buf[:pos]
+        return out
+
+    def _decode_body(self, body: memoryview) -> Message | BadFrame:
+        try:
+            fields = msgpack.unpackb(
+                body,
+                raw=False,
+                use_list=True,
+                strict_map_key=True,
+                max_str_len=STR_BYTES_MAX,
+                max_bin_len=self.frame_bytes_max,
+                max_array_len=ARRAY_LEN_MAX,
+                max_map_len=0,
+                max_ext_len=0,
+            )
+        except Exception as exc:  # msgpack raises several types for garbage
+            return BadFrame(-1, f"not a msgpack body: {type(exc).__name__}")
+        if type(fields) is not list:
+            return BadFrame(-1, f"body is a {type(fields).__name__}, not an array")
+        return _build(fields)
+
+
+def decode_all(data: bytes, frame_bytes_max: int = 1 << 30) -> list[Message | BadFrame]:
+    """Decode a complete byte string of frames (a convenience for tests and tools)."""
+    decoder = FrameDecoder(frame_bytes_max)
+    out = decoder.feed(data)
+    if decoder.buffered_bytes:
+        raise ProtocolError(f"{decoder.buffered_bytes} trailing bytes")
+    return out

@@ -1,0 +1,104 @@
+"""Storage engines behind :class:`bookkeeper_aio.engine.Engine`: memory, files, rocksdb.
+
+:func:`open_engine` opens one engine per ledger dir and, with several dirs, a
+:class:`ShardedEngine` that spreads ledgers over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bookkeeper_aio.engine import Engine, LedgerInfo
+from bookkeeper_aio.errors import ConfigError
+
+ENGINE_NAMES = ("rocksdb", "files", "memory")
+
+
+def open_engine(name: str, ledger_dirs: Sequence[str]) -> Engine:
+    """Open the named engine over ``ledger_dirs`` (one engine per dir, sharded if several).
+
+    Raises:
+        ConfigError: unknown engine name or no ledger dir.
+        OSError: a dir cannot be created or opened (for example locked by another process).
+    """
+    if not ledger_dirs:
+        raise ConfigError("at least one ledger dir is needed")
+    if name == "memory":
+        from .memory import MemoryEngine
+
+        return MemoryEngine()
+    if name == "files":
+        from .files import FilesEngine as cls
+    elif name == "rocksdb":
+        from .rocksdb import RocksDBEngine as cls  # type: ignore[assignment]
+    else:
+        raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
+    shards: list[Engine] = []
+    try:
+        for d in ledger_dirs:
+            shards.append(cls(d))
+    except BaseException:
+        for s in shards:
+            s.close()
+        raise
+    return shards[0] if len(shards) == 1 else ShardedEngine(shards)
+
+
+class ShardedEngine:
+    """Spreads ledgers over several engines (one per ledger dir).
+
+    A ledger lives where it was first written; new ledgers go to ``ledger_id % len(shards)``.
+    The map is rebuilt from each shard's ledgers on open, so adding a dir never hides a ledger.
+    """
+
+    def __init__(self, shards: Sequence[Engine]) -> None:
+        assert shards
+        self.shards = list(shards)
+        self._where: dict[int, Engine] = {}
+        for shard in self.shards:
+            for lid in shard.ledgers():
+                self._where.setdefault(lid, shard)
+
+    def _shard(self, ledger_id: int) -> Engine:
+        shard = self._where.get(ledger_id)
+        if shard is None:
+            shard = self._where[ledger_id] = self.shards[ledger_id % len(self.shards)]
+        return shard
+
+    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+        self._shard(ledger_id).put_entry(ledger_id, entry_id, record)
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        shard = self._where.get(ledger_id)
+        return shard.get_entry(ledger_id, entry_id) if shard else None
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        shard = self._where.get(ledger_id)
+        return shard.last_entry_id(ledger_id) if shard else -1
+
+    def list_entries(self, ledger_id: int, start_entry_id: int, max_count: int) -> list[int]:
+        shard = self._where.get(ledger_id)
+        return shard.list_entries(ledger_id, start_entry_id, max_count) if shard else []
+
+    def get_ledger(self, ledger_id: int) -> LedgerInfo | None:
+        shard = self._where.get(ledger_id)
+        return shard.get_ledger(ledger_id) if shard else None
+
+    def put_ledger(self, ledger_id: int, info: LedgerInfo) -> None:
+        self._shard(ledger_id).put_ledger(ledger_id, info)
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        shard = self._where.pop(ledger_id, None)
+        if shard is not None:
+            shard.delete_ledger(ledger_id)
+
+    def ledgers(self) -> list[int]:
+        return sorted(self._where)
+
+    def sync(self) -> None:
+        for shard in self.shards:
+            shard.sync()
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()

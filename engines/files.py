@@ -1,0 +1,531 @@
+"""FilesEngine: ledger storage in append-only, self-checking entry logs and an in-memory index.
+
+Theory of operation
+-------------------
+Every write (entry, ledger info, delete tombstone) becomes one *record* appended to the current
+entry log ``entrylog-XXXXXXXX.log``. Records are staged in a memory buffer and reach the file with
+one ``os.write`` when the buffer fills or on ``sync()``; ``sync()`` then ``fdatasync``s every log
+written since the previous sync, and the directory when a log was created. A log rolls over past
+``entry_log_bytes_max``; the old log is fdatasync'ed before the next one is created, so a torn
+record can only ever sit at the tail of the newest log.
+
+The index lives in memory: per ledger, chunks of 1024 entry slots in ``array('q')`` (two numbers
+per slot: the location ``log_id << 40 | offset`` or -1 for a hole, and the record length), plus
+the ledger info and the highest entry id. A record still in the buffer is read from the buffer.
+
+The index is checkpointed into a snapshot file that names the log position it covers (on a sync
+once ``snapshot_interval_bytes`` were appended since the last one, and on close). Opening loads
+the newest valid snapshot and replays the logs from its position. A bad record at the tail of the
+newest log is a write torn by a crash and is truncated away; a bad record anywhere else is
+corruption and opening fails. The byte layouts are in docs/engines.md.
+
+Space is not reclaimed: log files of deleted ledgers stay until a garbage collector exists (it
+would need to copy live records forward and keep tombstones until the older logs are gone).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import re
+import struct
+import sys
+import threading
+from array import array
+
+import msgpack
+from xxhash import xxh3_64, xxh3_64_intdigest
+
+from bookkeeper_aio.engine import LedgerInfo
+
+log = logging.getLogger(__name__)
+
+ENTRY, LEDGER_INFO, DELETE_LEDGER = 1, 2, 3
+MAGIC = 0x31414B42  # the bytes b"BKA1" read as a little-endian u32
+HEAD = struct.Struct("<IB3xIQQ")  # magic, record type, data length, ledger id, entry id
+SUM = struct.Struct("<Q")  # xxh3_64 over the 28 HEAD bytes followed by the data
+HEADER_BYTES = HEAD.size + SUM.size  # 36
+OFFSET_BITS = 40  # location = log_id << 40 | offset: logs up to 1 TiB, 2**23 logs
+SNAPSHOT_MAGIC = b"BKAIDX01"
+SNAPSHOT_TAIL_BYTES = 4096  # a snapshot checksums this much log before its position
+SNAPSHOTS_KEPT = 2
+_OFFSET_MASK = (1 << OFFSET_BITS) - 1
+_CHUNK_BITS = 10
+_HOLES = array("q", [-1, 0]) * (1 << _CHUNK_BITS)
+_LOG_NAME = re.compile(r"entrylog-([0-9a-f]{8})\.log")
+_SNAPSHOT_NAME = re.compile(r"index-([0-9a-f]{8})-([0-9a-f]{16})\.snap")
+
+
+class LogCorruptError(RuntimeError):
+    """A record that was durably written fails its checks: the ledger dir is damaged."""
+
+
+class _Ledger:
+    """One ledger's index: chunked entry locations, the highest entry id, the info."""
+
+    __slots__ = ("chunks", "info", "last")
+
+    def __init__(self) -> None:
+        self.chunks: dict[int, array[int]] = {}  # entry_id >> 10 -> [loc, length] * up to 1024
+        self.info: LedgerInfo | None = None
+        self.last = -1
+
+    def set(self, entry_id: int, loc: int, length: int) -> None:
+        slots = self.chunks.get(entry_id >> _CHUNK_BITS)
+        if slots is None:
+            slots = self.chunks[entry_id >> _CHUNK_BITS] = array("q")
+        i = (entry_id & ((1 << _CHUNK_BITS) - 1)) * 2
+        if len(slots) <= i:  # grow lazily so a small ledger costs a few slots, not a chunk
+            slots.extend(_HOLES[: i + 2 - len(slots)])
+        slots[i] = loc
+        slots[i + 1] = length
+        if entry_id > self.last:
+            self.last = entry_id
+
+    def get(self, entry_id: int) -> tuple[int, int] | None:
+        slots = self.chunks.get(entry_id >> _CHUNK_BITS)
+        i = (entry_id & ((1 << _CHUNK_BITS) - 1)) * 2
+        if slots is None or i >= len(slots) or slots[i] < 0:
+            return None
+        return slots[i], slots[i + 1]
+
+    def ids(self, start: int, max_count: int) -> list[int]:
+        out: list[int] = []
+        for c in sorted(k for k in self.chunks if k >= max(start, 0) >> _CHUNK_BITS):
+            slots, base = self.chunks[c], c << _CHUNK_BITS
+            for i in range(0, len(slots), 2):
+                if slots[i] >= 0 and base + i // 2 >= start:
+                    if len(out) >= max_count:
+                        return out
+                    out.append(base + i // 2)
+        return out
+
+    def dump(self) -> list[object]:
+        chunks = [[c, _le_bytes(s)] for c, s in self.chunks.items()]
+        return [self.info.to_bytes() if self.info else None, self.last, chunks]
+
+    @classmethod
+    def load(cls, info: bytes | None, last: int, chunks: list[list[object]]) -> _Ledger:
+        ledger = cls()
+        ledger.info = LedgerInfo.from_bytes(info) if info is not None else None
+        ledger.last = last
+        for c, raw in chunks:
+            assert isinstance(c, int) and isinstance(raw, bytes)
+            slots = array("q")
+            slots.frombytes(raw)
+            if sys.byteorder == "big":
+                slots.byteswap()
+            ledger.chunks[c] = slots
+        return ledger
+
+
+def _le_bytes(slots: array[int]) -> bytes:
+    if sys.byteorder == "big":
+        slots = array("q", slots)
+        slots.byteswap()
+    return slots.tobytes()
+
+
+class FilesEngine:
+    """An :class:`~bookkeeper_aio.engine.Engine` on plain files in one ledger dir.
+
+    Raises (on open):
+        OSError: the dir cannot be created, or another process has it open (EBUSY).
+        LogCorruptError: a record before the tail of the newest log is damaged.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        entry_log_bytes_max: int = 256 << 20,
+        write_buffer_bytes_max: int = 1 << 20,
+        snapshot_interval_bytes: int = 64 << 20,
+    ) -> None:
+        assert 0 < entry_log_bytes_max <= 1 << (OFFSET_BITS - 1)
+        self.directory = os.path.abspath(directory)
+        self._log_bytes_max = entry_log_bytes_max
+        self._buffer_bytes_max = write_buffer_bytes_max
+        self._snapshot_interval = snapshot_interval_bytes
+        os.makedirs(self.directory, exist_ok=True)
+        self._lock_fd: int | None = _lock_dir(self.directory)
+        self._lock = threading.Lock()  # buffer, log position, index, fds: sync thread vs the rest
+        self._sync_lock = threading.Lock()  # one sync or snapshot at a time
+        self._ledgers: dict[int, _Ledger] = {}
+        self._fds: dict[int, int] = {}
+        self._buf = bytearray()
+        self._dirty: set[int] = set()  # logs written since the last sync
+        self._dir_dirty = False
+        self._since_snapshot = 0
+        self._syncs = 0
+        self._failure: OSError | None = None  # a failed write or fdatasync poisons the engine
+        self._closed = False
+        try:
+            self._recover()
+        except BaseException:
+            self._close_files()
+            raise
+
+    # ----- writes
+
+    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+        head = HEAD.pack(MAGIC, ENTRY, len(record), ledger_id, entry_id)
+        tail = SUM.pack(xxh3_64_intdigest(head + record))
+        with self._lock:
+            loc = self._append(head, tail, record)
+            ledger = self._ledgers.get(ledger_id)
+            if ledger is None:
+                ledger = self._ledgers[ledger_id] = _Ledger()
+            ledger.set(entry_id, loc, len(record))
+
+    def put_ledger(self, ledger_id: int, info: LedgerInfo) -> None:
+        data = info.to_bytes()
+        head = HEAD.pack(MAGIC, LEDGER_INFO, len(data), ledger_id, 0)
+        with self._lock:
+            self._append(head, SUM.pack(xxh3_64_intdigest(head + data)), data)
+            self._ledgers.setdefault(ledger_id, _Ledger()).info = info
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        if ledger_id not in self._ledgers:
+            return
+        head = HEAD.pack(MAGIC, DELETE_LEDGER, 0, ledger_id, 0)
+        with self._lock:
+            self._append(head, SUM.pack(xxh3_64_intdigest(head)), b"")
+            del self._ledgers[ledger_id]
+
+    def _append(self, head: bytes, tail: bytes, data: bytes) -> int:
+        """Stage one record; return its location. Caller holds ``_lock``."""
+        self._check_usable()
+        if self._log_end >= self._log_bytes_max:
+            self._roll()
+        pos = self._log_end
+        buf = self._buf
+        buf += head
+        buf += tail
+        buf += data
+        self._log_end = pos + HEADER_BYTES + len(data)
+        self._since_snapshot += HEADER_BYTES + len(data)
+        if len(buf) >= self._buffer_bytes_max:
+            self._flush()
+        return (self._log_id << OFFSET_BITS) | pos
+
+    def _check_usable(self) -> None:
+        assert not self._closed, "engine is closed"
+        if self._failure is not None:
+            # A failed fdatasync cannot be retried (the kernel may have dropped the dirty pages),
+            # and after a failed write the log's end is unknown. Reopening recovers from disk.
+            raise OSError(errno.EIO, f"ledger dir {self.directory} failed: {self._failure}")
+
+    def _flush(self) -> None:
+        """Write the buffer to the current log with one os.write. Caller holds ``_lock``."""
+        if self._buf:
+            try:
+                _write_all(self._fds[self._log_id], self._buf)
+            except OSError as e:
+                self._failure = e
+                raise
+            self._buf = bytearray()
+            self._flushed = self._log_end
+            self._dirty.add(self._log_id)
+
+    def _roll(self) -> None:
+        self._flush()
+        # Sync the old log now, so a torn record can only ever be at the tail of the newest log.
+        try:
+            os.fdatasync(self._fds[self._log_id])
+        except OSError as e:
+            self._failure = e
+            raise
+        self._dirty.discard(self._log_id)
+        self._open_log(self._log_id + 1)
+
+    def _open_log(self, log_id: int) -> None:
+        path = self._log_path(log_id)
+        created = not os.path.exists(path)
+        read_only = self._fds.pop(log_id, None)  # recovery may have opened it for reading
+        if read_only is not None:
+            os.close(read_only)
+        fd = self._fds[log_id] = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self._log_id = log_id
+        self._log_end = self._flushed = os.fstat(fd).st_size
+        self._dir_dirty |= created
+
+    # ----- reads
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        ledger = self._ledgers.get(ledger_id)
+        where = ledger.get(entry_id) if ledger is not None else None
+        if where is None:
+            return None
+        loc, length = where
+        log_id, pos = loc >> OFFSET_BITS, loc & _OFFSET_MASK
+        raw = self._read_record(log_id, pos, HEADER_BYTES + length)
+        parsed = _parse(raw, 0, len(raw))
+        if parsed is None or parsed != (ENTRY, ledger_id, entry_id, length):
+            raise LogCorruptError(
+                f"entry {ledger_id}:{entry_id} at {self._log_path(log_id)} offset {pos} is damaged"
+            )
+        return raw[HEADER_BYTES:]
+
+    def _read_record(self, log_id: int, pos: int, size: int) -> bytes:
+        with self._lock:
+            assert not self._closed, "engine is closed"
+            if log_id == self._log_id and pos >= self._flushed:
+                start = pos - self._flushed
+                return bytes(self._buf[start : start + size])
+            fd = self._read_fd(log_id)
+        return os.pread(fd, size, pos)  # flushed bytes never change: read outside the lock
+
+    def _read_fd(self, log_id: int) -> int:
+        fd = self._fds.get(log_id)
+        if fd is None:
+            fd = self._fds[log_id] = os.open(self._log_path(log_id), os.O_RDONLY)
+        return fd
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        ledger = self._ledgers.get(ledger_id)
+        return ledger.last if ledger is not None else -1
+
+    def list_entries(self, ledger_id: int, start_entry_id: int, max_count: int) -> list[int]:
+        ledger = self._ledgers.get(ledger_id)
+        return ledger.ids(start_entry_id, max_count) if ledger is not None else []
+
+    def get_ledger(self, ledger_id: int) -> LedgerInfo | None:
+        ledger = self._ledgers.get(ledger_id)
+        return ledger.info if ledger is not None else None
+
+    def ledgers(self) -> list[int]:
+        return sorted(self._ledgers)
+
+    def statistics(self) -> dict[str, int]:
+        """Counters for metrics: current log, its size, buffered bytes, ledgers, syncs."""
+        return {
+            "log_id": self._log_id,
+            "log_bytes": self._log_end,
+            "buffered_bytes": len(self._buf),
+            "ledgers": len(self._ledgers),
+            "bytes_since_snapshot": self._since_snapshot,
+            "syncs": self._syncs,
+        }
+
+    # ----- durability
+
+    def sync(self) -> None:
+        with self._sync_lock:
+            self._sync(force_snapshot=False)
+
+    def _sync(self, *, force_snapshot: bool) -> None:
+        snapshot = None
+        with self._lock:
+            self._check_usable()
+            self._flush()
+            fds = [self._fds[i] for i in self._dirty]
+            self._dirty.clear()
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+            due = self._since_snapshot >= self._snapshot_interval
+            if due or (force_snapshot and self._since_snapshot > 0):
+                snapshot = self._snapshot()  # under the lock: the index matches the log exactly
+                self._since_snapshot = 0
+        try:
+            for fd in fds:  # outside the lock: puts and gets go on while the disk works
+                os.fdatasync(fd)
+            if dir_dirty:
+                _fsync_dir(self.directory)
+        except OSError as e:
+            self._failure = e
+            raise
+        if snapshot is not None:  # only now is every record the snapshot covers durable
+            self._write_snapshot(*snapshot)
+        self._syncs += 1
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            with self._sync_lock:
+                self._sync(force_snapshot=True)
+        finally:
+            self._closed = True
+            self._close_files()
+
+    def _close_files(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the only descriptor releases the flock
+            self._lock_fd = None
+
+    # ----- snapshots
+
+    def _snapshot(self) -> tuple[str, bytes]:
+        """Serialize the index as of the current log end. Caller holds ``_lock``, buffer empty."""
+        pos = self._log_end
+        tail = self._tail_sum(self._fds[self._log_id], pos)
+        ledgers = [[lid, *ledger.dump()] for lid, ledger in self._ledgers.items()]
+        body = msgpack.packb([1, self._log_id, pos, tail, ledgers])
+        name = f"index-{self._log_id:08x}-{pos:016x}.snap"
+        return name, SNAPSHOT_MAGIC + SUM.pack(xxh3_64_intdigest(body)) + body
+
+    @staticmethod
+    def _tail_sum(fd: int, pos: int) -> int:
+        n = min(pos, SNAPSHOT_TAIL_BYTES)
+        return xxh3_64_intdigest(os.pread(fd, n, pos - n))
+
+    def _write_snapshot(self, name: str, blob: bytes) -> None:
+        tmp = os.path.join(self.directory, "index.snap.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, blob)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, os.path.join(self.directory, name))
+        _fsync_dir(self.directory)
+        for old in self._snapshot_names()[SNAPSHOTS_KEPT:]:
+            os.unlink(os.path.join(self.directory, old))
+
+    def _snapshot_names(self) -> list[str]:
+        """Snapshot file names, newest (highest position) first."""
+        names = [n for n in os.listdir(self.directory) if _SNAPSHOT_NAME.fullmatch(n)]
+        return sorted(names, reverse=True)  # fixed-width hex: name order is position order
+
+    def _load_snapshot(self, name: str, logs: list[int]) -> tuple[int, int]:
+        """Restore the index from one snapshot; return the log position it covers.
+
+        Raises:
+            ValueError: the snapshot is damaged or does not match the logs on disk.
+        """
+        with open(os.path.join(self.directory, name), "rb") as f:
+            blob = f.read()
+        body = blob[len(SNAPSHOT_MAGIC) + SUM.size :]
+        if blob[: len(SNAPSHOT_MAGIC)] != SNAPSHOT_MAGIC or blob[8:16] != SUM.pack(
+            xxh3_64_intdigest(body)
+        ):
+            raise ValueError("bad magic or checksum")
+        version, log_id, pos, tail, ledgers = msgpack.unpackb(body, raw=False)
+        if version != 1 or log_id not in logs:
+            raise ValueError(f"version {version} or log {log_id} unknown")
+        fd = self._read_fd(log_id)
+        if os.fstat(fd).st_size < pos or self._tail_sum(fd, pos) != tail:
+            raise ValueError(f"does not match {self._log_path(log_id)}")
+        self._ledgers = {lid: _Ledger.load(*rest) for lid, *rest in ledgers}
+        return log_id, pos
+
+    # ----- recovery
+
+    def _recover(self) -> None:
+        names = os.listdir(self.directory)
+        if "index.snap.tmp" in names:  # a snapshot write interrupted by a crash
+            os.unlink(os.path.join(self.directory, "index.snap.tmp"))
+        logs = sorted(int(m[1], 16) for n in names if (m := _LOG_NAME.fullmatch(n)))
+        start_log, start_pos = self._restore_index(logs)
+        for log_id in logs:
+            if log_id >= start_log:
+                pos = start_pos if log_id == start_log else 0
+                self._since_snapshot += self._replay(log_id, pos, newest=log_id == logs[-1])
+        self._open_log(logs[-1] if logs else 0)
+
+    def _restore_index(self, logs: list[int]) -> tuple[int, int]:
+        """Load the newest valid snapshot, deleting the ones that fail; else start from zero."""
+        for name in self._snapshot_names():
+            try:
+                return self._load_snapshot(name, logs)
+            except (ValueError, TypeError, KeyError, AssertionError, msgpack.UnpackException) as e:
+                log.warning("%s: ignoring index snapshot %s: %s", self.directory, name, e)
+                self._ledgers = {}
+                # Delete it: once the logs change again it could look valid and be wrong.
+                os.unlink(os.path.join(self.directory, name))
+        return (logs[0] if logs else 0), 0
+
+    def _replay(self, log_id: int, pos: int, *, newest: bool) -> int:
+        """Apply the records of one log from ``pos``; return the bytes replayed."""
+        fd = self._read_fd(log_id)
+        size = os.fstat(fd).st_size
+        if size <= pos:
+            return 0
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
+            end = self._apply_records(log_id, data, pos, size)
+        if end < size:
+            path = self._log_path(log_id)
+            if not newest:
+                raise LogCorruptError(f"{path}: damaged record at offset {end} (not at the tail)")
+            log.warning("%s: torn record at offset %d, dropping %d bytes", path, end, size - end)
+            with open(path, "r+b") as f:
+                f.truncate(end)
+                os.fsync(f.fileno())
+        return end - pos
+
+    def _apply_records(self, log_id: int, data: mmap.mmap, pos: int, size: int) -> int:
+        """Apply good records from ``pos``; return the offset of the first bad one (or size)."""
+        while pos < size:
+            parsed = _parse(data, pos, size)
+            if parsed is None:
+                return pos
+            kind, lid, eid, length = parsed
+            if kind == ENTRY:
+                ledger = self._ledgers.get(lid)
+                if ledger is None:
+                    ledger = self._ledgers[lid] = _Ledger()
+                ledger.set(eid, (log_id << OFFSET_BITS) | pos, length)
+            elif kind == LEDGER_INFO:
+                info = _decode_info(data[pos + HEADER_BYTES : pos + HEADER_BYTES + length])
+                self._ledgers.setdefault(lid, _Ledger()).info = info
+            else:
+                self._ledgers.pop(lid, None)
+            pos += HEADER_BYTES + length
+        return pos
+
+    def _log_path(self, log_id: int) -> str:
+        return os.path.join(self.directory, f"entrylog-{log_id:08x}.log")
+
+
+def _parse(data: bytes | mmap.mmap, pos: int, size: int) -> tuple[int, int, int, int] | None:
+    """(type, ledger id, entry id, data length) of a sound record at ``pos``, else None."""
+    if size - pos < HEADER_BYTES:
+        return None
+    magic, kind, length, ledger_id, entry_id = HEAD.unpack_from(data, pos)
+    end = pos + HEADER_BYTES + length
+    if magic != MAGIC or kind not in (ENTRY, LEDGER_INFO, DELETE_LEDGER) or end > size:
+        return None
+    with memoryview(data) as view:  # hash in place: no copy of the record
+        h = xxh3_64(view[pos : pos + HEAD.size])
+        h.update(view[pos + HEADER_BYTES : end])
+    if SUM.unpack_from(data, pos + HEAD.size)[0] != h.intdigest():
+        return None
+    return kind, ledger_id, entry_id, length
+
+
+def _decode_info(data: bytes) -> LedgerInfo:
+    try:
+        return LedgerInfo.from_bytes(data)
+    except (ValueError, TypeError) as e:  # its checksum held: written so by a newer version?
+        raise LogCorruptError(f"undecodable ledger info record: {e}") from e
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    done = os.write(fd, data)
+    while done < len(data):  # short writes are rare on regular files but allowed
+        done += os.write(fd, memoryview(data)[done:])
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _lock_dir(directory: str) -> int:
+    """Hold an exclusive flock on ``directory/LOCK``; the descriptor keeps it."""
+    fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(errno.EBUSY, f"ledger dir {directory} is in use by another process") from None
+    return fd

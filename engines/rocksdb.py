@@ -1,0 +1,285 @@
+"""RocksDBEngine: ledger storage in one RocksDB (rocksdict 0.3.29), group-committed by sync().
+
+Theory of operation
+-------------------
+One RocksDB in raw mode (bytes keys, bytewise order) and only the default column family, with two
+key spaces told apart by a prefix byte:
+
+* entries: ``b"e" + >QQ(ledger_id, entry_id)`` -> the record;
+* ledger infos: ``b"l" + >Q(ledger_id)`` -> ``LedgerInfo.to_bytes()``.
+
+Big-endian ids make byte order numeric order, so a ledger's entries are one contiguous key range
+(``seek`` walks it, ``seek_for_prev`` finds its last entry, ``delete_range`` drops it). One column
+family keeps one handle to release on close and makes every batch trivially atomic.
+
+Writes go into a ``WriteBatch`` and into an overlay dict so reads see them at once. The batch is
+written with ``sync=False`` once it exceeds ``write_batch_bytes_max`` and on ``sync()``, which
+then calls ``flush_wal(True)``: the WAL fsync is the durability point, and rocksdict runs it
+without the GIL. After a crash RocksDB replays the WAL in point-in-time mode: a torn tail is
+dropped and nothing after it is applied, so a lost write is absent and a present one is whole.
+
+Ledger infos and the set of ledgers that have entries are small, so they live in memory (loaded on
+open, one seek per ledger); ``last_entry_id`` is cached per ledger.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from rocksdict import (
+    DBRecoveryMode,
+    Options,
+    Rdict,
+    RdictIter,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
+
+from bookkeeper_aio.engine import LedgerInfo
+
+_ENTRY_KEY = struct.Struct(">cQQ")
+_LEDGER_KEY = struct.Struct(">cQ")
+_ID = struct.Struct(">Q")
+_ID_MAX = 2**64 - 1
+_KEY_OVERHEAD_BYTES = 32  # what a batch spends per operation besides key and value, roughly
+_T = TypeVar("_T")
+
+
+def entry_key(ledger_id: int, entry_id: int) -> bytes:
+    return _ENTRY_KEY.pack(b"e", ledger_id, entry_id)
+
+
+def info_key(ledger_id: int) -> bytes:
+    return _LEDGER_KEY.pack(b"l", ledger_id)
+
+
+class RocksDBEngine:
+    """An :class:`~bookkeeper_aio.engine.Engine` on RocksDB in one ledger dir.
+
+    Raises (on open):
+        OSError: the dir cannot be created, or another engine holds its RocksDB LOCK (EBUSY).
+    """
+
+    def __init__(self, directory: str, *, write_batch_bytes_max: int = 1 << 20) -> None:
+        self.directory = os.path.abspath(directory)
+        self._batch_bytes_max = write_batch_bytes_max
+        os.makedirs(self.directory, exist_ok=True)
+        self._db: Rdict | None = _open_db(self.directory)
+        self._write_opt = WriteOptions()
+        self._write_opt.sync = False  # the fsync is flush_wal(True) in sync(), once per group
+        self._lock = threading.Lock()  # batch, overlay and db calls: sync thread vs the rest
+        self._sync_lock = threading.Lock()  # one sync at a time
+        self._batch = WriteBatch(raw_mode=True)
+        self._batch_bytes = 0
+        self._pending: dict[int, dict[int, bytes]] = {}  # entries in the batch, per ledger
+        self._pending_deletes: set[int] = set()  # ledgers the batch deletes (db rows are stale)
+        self._infos: dict[int, LedgerInfo] = {}
+        self._with_entries: set[int] = set()
+        self._last: dict[int, int] = {}  # cache; absent means "ask the db"
+        self._syncs = 0
+        try:
+            self._load()
+        except BaseException:
+            self._release()
+            raise
+
+    def _load(self) -> None:
+        """Read every ledger info and find every ledger with entries (one seek per ledger)."""
+
+        def scan(it: RdictIter) -> None:
+            it.seek(b"l")
+            while it.valid() and it.key()[:1] == b"l":
+                self._infos[_ID.unpack_from(it.key(), 1)[0]] = LedgerInfo.from_bytes(it.value())
+                it.next()
+            it.seek(b"e")
+            while it.valid() and it.key()[:1] == b"e":
+                ledger_id = _ID.unpack_from(it.key(), 1)[0]
+                self._with_entries.add(ledger_id)
+                if ledger_id == _ID_MAX:
+                    break
+                it.seek(entry_key(ledger_id + 1, 0))
+
+        self._iterate(scan)
+
+    def _iterate(self, walk: Callable[[RdictIter], _T]) -> _T:
+        """Run ``walk`` on a fresh iterator and drop it: a live iterator keeps the LOCK held."""
+        assert self._db is not None, "engine is closed"
+        it = self._db.iter(ReadOptions())
+        try:
+            return walk(it)
+        finally:
+            del it
+
+    # ----- writes
+
+    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+        key = entry_key(ledger_id, entry_id)
+        record = bytes(record)
+        with self._lock:
+            self._batch.put(key, record)
+            self._pending.setdefault(ledger_id, {})[entry_id] = record
+            self._grow_batch(len(record))
+        self._with_entries.add(ledger_id)
+        last = self._last.get(ledger_id)
+        if last is not None and entry_id > last:
+            self._last[ledger_id] = entry_id
+
+    def put_ledger(self, ledger_id: int, info: LedgerInfo) -> None:
+        data = info.to_bytes()
+        with self._lock:
+            self._batch.put(info_key(ledger_id), data)
+            self._grow_batch(len(data))
+        self._infos[ledger_id] = info
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        if ledger_id not in self._infos and ledger_id not in self._with_entries:
+            return
+        # 9 bytes of 0xff sort after every 8-byte entry id of this ledger, even 2**64-1.
+        end = _LEDGER_KEY.pack(b"e", ledger_id) + b"\xff" * 9
+        with self._lock:
+            self._batch.delete_range(entry_key(ledger_id, 0), end)
+            self._batch.delete(info_key(ledger_id))
+            self._batch_bytes += 2 * _KEY_OVERHEAD_BYTES
+            self._pending.pop(ledger_id, None)  # the batch applies in order: earlier puts go
+            self._pending_deletes.add(ledger_id)
+        self._infos.pop(ledger_id, None)
+        self._with_entries.discard(ledger_id)
+        self._last.pop(ledger_id, None)
+
+    def _grow_batch(self, value_bytes: int) -> None:
+        """Count one more operation; write the batch if it got big. Caller holds ``_lock``."""
+        assert self._db is not None, "engine is closed"
+        self._batch_bytes += _KEY_OVERHEAD_BYTES + value_bytes
+        if self._batch_bytes >= self._batch_bytes_max:
+            self._write_batch()
+
+    def _write_batch(self) -> None:
+        """Hand the batch to RocksDB (no fsync) and empty the overlay. Caller holds ``_lock``."""
+        assert self._db is not None, "engine is closed"
+        if self._batch.is_empty():
+            return
+        # A WriteBatch is consumed by write(): the next writes need a fresh one.
+        batch, self._batch = self._batch, WriteBatch(raw_mode=True)
+        self._db.write(batch, self._write_opt)
+        self._pending.clear()
+        self._pending_deletes.clear()
+        self._batch_bytes = 0
+
+    # ----- reads
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        with self._lock:
+            pending = self._pending.get(ledger_id)
+            if pending is not None and entry_id in pending:
+                return pending[entry_id]
+            if ledger_id in self._pending_deletes:
+                return None
+            assert self._db is not None, "engine is closed"
+            value = self._db.get(entry_key(ledger_id, entry_id))
+        return value  # type: ignore[no-any-return]
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        last = self._last.get(ledger_id)
+        if last is None:
+            with self._lock:
+                pending = self._pending.get(ledger_id)
+                last = max(pending) if pending else -1
+                if ledger_id not in self._pending_deletes:
+                    last = max(last, self._iterate(lambda it: _db_last(it, ledger_id)))
+            self._last[ledger_id] = last
+        return last
+
+    def list_entries(self, ledger_id: int, start_entry_id: int, max_count: int) -> list[int]:
+        start = max(start_entry_id, 0)
+        if max_count <= 0:
+            return []
+        with self._lock:
+            ids: list[int] = []
+            if ledger_id not in self._pending_deletes:
+                ids = self._iterate(lambda it: _db_ids(it, ledger_id, start, max_count))
+            pending = self._pending.get(ledger_id)
+            if pending:
+                ids = sorted(set(ids).union(e for e in pending if e >= start))[:max_count]
+        return ids
+
+    def get_ledger(self, ledger_id: int) -> LedgerInfo | None:
+        return self._infos.get(ledger_id)
+
+    def ledgers(self) -> list[int]:
+        return sorted(self._with_entries.union(self._infos))
+
+    def statistics(self) -> dict[str, int]:
+        """Counters for metrics: pending batch size, ledgers, syncs."""
+        return {
+            "batch_bytes": self._batch_bytes,
+            "ledgers": len(self._with_entries.union(self._infos)),
+            "syncs": self._syncs,
+        }
+
+    # ----- durability
+
+    def sync(self) -> None:
+        with self._sync_lock:
+            with self._lock:
+                self._write_batch()
+                db = self._db
+            assert db is not None, "engine is closed"
+            db.flush_wal(True)  # the durability point; releases the GIL while it fsyncs
+            self._syncs += 1
+
+    def close(self) -> None:
+        if self._db is None:
+            return
+        try:
+            self.sync()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Close the DB and drop every reference, so RocksDB really closes and frees its LOCK."""
+        with self._sync_lock, self._lock:
+            db, self._db = self._db, None
+            if db is not None:
+                db.close()
+            del db
+
+
+def _open_db(directory: str) -> Rdict:
+    opts = Options(raw_mode=True)  # bytes keys in bytewise order; no pickling
+    opts.create_if_missing(True)
+    opts.set_wal_recovery_mode(DBRecoveryMode.point_in_time())  # the default; we rely on it
+    try:
+        return Rdict(directory, opts)
+    except Exception as e:  # rocksdict raises a bare Exception("IO error: ... lock ...")
+        if "lock" in str(e).lower():
+            raise OSError(
+                errno.EBUSY, f"ledger dir {directory} is in use by another process ({e})"
+            ) from e
+        raise
+
+
+def _db_last(it: RdictIter, ledger_id: int) -> int:
+    it.seek_for_prev(entry_key(ledger_id, _ID_MAX))
+    if it.valid() and it.key()[:9] == _LEDGER_KEY.pack(b"e", ledger_id):
+        return int(_ID.unpack_from(it.key(), 9)[0])
+    return -1
+
+
+def _db_ids(it: RdictIter, ledger_id: int, start: int, max_count: int) -> list[int]:
+    # Not ReadOptions.set_iterate_lower_bound: in rocksdict 0.3.29 it sets the upper bound.
+    prefix = _LEDGER_KEY.pack(b"e", ledger_id)
+    ids: list[int] = []
+    it.seek(entry_key(ledger_id, start))
+    while len(ids) < max_count and it.valid():
+        key = it.key()
+        if key[:9] != prefix:
+            break
+        ids.append(_ID.unpack_from(key, 9)[0])
+        it.next()
+    return ids

@@ -1,0 +1,604 @@
+"""The engine contract suite: every engine (memory, files, rocksdb) must pass all of it.
+
+A :class:`Store` is where an engine lives and can be reopened: a :class:`MemoryDisk` for the
+memory engine (reopening on it without ``close()`` models a crash that loses unsynced writes), a
+directory for the others (their crashes are real: a child process SIGKILLs itself).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import engines
+from bookkeeper_aio.engine import Engine, LedgerInfo
+from engines.files import FilesEngine, LogCorruptError
+from engines.memory import MemoryDisk, MemoryEngine
+from engines.rocksdb import RocksDBEngine
+
+ENGINES = ["memory", "files", "rocksdb"]
+ON_DISK = ["files", "rocksdb"]
+REPO = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+
+
+def open_kind(kind: str, path: str, disk: MemoryDisk | None = None) -> Engine:
+    """Open an engine with small limits, so tests cross log rolls, flushes and snapshots."""
+    if kind == "memory":
+        return MemoryEngine(disk)
+    if kind == "files":
+        return FilesEngine(
+            path,
+            entry_log_bytes_max=MiB,
+            write_buffer_bytes_max=64 << 10,
+            snapshot_interval_bytes=256 << 10,
+        )
+    assert kind == "rocksdb"
+    return RocksDBEngine(path, write_batch_bytes_max=64 << 10)
+
+
+@dataclass
+class Store:
+    """Where one engine lives; ``open()`` (re)opens an engine on it."""
+
+    kind: str
+    path: str
+    disk: MemoryDisk = field(default_factory=MemoryDisk)
+    opened: list[Engine] = field(default_factory=list)
+
+    def open(self) -> Engine:
+        engine = open_kind(self.kind, self.path, self.disk)
+        self.opened.append(engine)
+        return engine
+
+    def reopen(self, engine: Engine) -> Engine:
+        engine.close()
+        return self.open()
+
+    def close_all(self) -> None:
+        for engine in self.opened:
+            engine.close()
+
+
+@pytest.fixture(params=ENGINES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s = Store(request.param, str(tmp_path / "ledgers"))
+    yield s
+    s.close_all()
+
+
+@pytest.fixture(params=ON_DISK)
+def disk_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s = Store(request.param, str(tmp_path / "ledgers"))
+    yield s
+    s.close_all()
+
+
+def data(ledger_id: int, entry_id: int, size: int, version: int = 0) -> bytes:
+    """Deterministic record bytes, so a child process and the test agree on them."""
+    return random.Random(f"{ledger_id}/{entry_id}/{version}").randbytes(size)
+
+
+INFO = LedgerInfo(master_key=b"mk", explicit_lac=b"\x00\x01lac")
+
+
+# ----- entries
+
+
+def test_round_trip_byte_for_byte(store: Store) -> None:
+    e = store.open()
+    big = data(1, 2, MiB)
+    records = {0: b"", 1: b"x", 2: big, 3: bytes(range(256)) * 4}
+    for entry_id, record in records.items():
+        e.put_entry(1, entry_id, record)
+    for _ in range(2):
+        for entry_id, record in records.items():
+            assert e.get_entry(1, entry_id) == record
+        assert e.get_entry(1, 4) is None
+        assert e.get_entry(2, 0) is None
+        e.sync()
+    e = store.reopen(e)
+    for entry_id, record in records.items():
+        assert e.get_entry(1, entry_id) == record
+
+
+def test_overwrite_returns_the_newest(store: Store) -> None:
+    e = store.open()
+    e.put_entry(7, 0, b"first")
+    e.sync()
+    e.put_entry(7, 0, b"second, longer")
+    assert e.get_entry(7, 0) == b"second, longer"
+    e = store.reopen(e)
+    assert e.get_entry(7, 0) == b"second, longer"
+
+
+def test_last_entry_id(store: Store) -> None:
+    e = store.open()
+    assert e.last_entry_id(1) == -1
+    for entry_id in (0, 1, 5, 3):
+        e.put_entry(1, entry_id, b"r")
+    assert e.last_entry_id(1) == 5
+    e.put_entry(1, 2, b"overwrite below the last")
+    assert e.last_entry_id(1) == 5
+    e.put_entry(2, 2000, b"sparse")
+    assert (e.last_entry_id(2), e.last_entry_id(3)) == (2000, -1)
+    e = store.reopen(e)
+    assert (e.last_entry_id(1), e.last_entry_id(2), e.last_entry_id(3)) == (5, 2000, -1)
+    e.put_entry(1, 6, b"r")
+    assert e.last_entry_id(1) == 6
+
+
+def test_list_entries(store: Store) -> None:
+    e = store.open()
+    ids = [0, 1, 2, 5, 9, 1023, 1024, 1025, 5000]
+    for entry_id in reversed(ids):
+        e.put_entry(3, entry_id, b"r")
+    for _ in range(2):
+        assert e.list_entries(3, 0, 100) == ids
+        assert e.list_entries(3, 2, 3) == [2, 5, 9]
+        assert e.list_entries(3, 3, 1) == [5]
+        assert e.list_entries(3, 1000, 100) == [1023, 1024, 1025, 5000]
+        assert e.list_entries(3, 5001, 100) == []
+        assert e.list_entries(3, 0, 0) == []
+        assert e.list_entries(4, 0, 10) == []
+        e = store.reopen(e)
+
+
+# ----- ledger infos and the ledger list
+
+
+def test_ledger_infos(store: Store) -> None:
+    e = store.open()
+    assert e.get_ledger(1) is None
+    e.put_ledger(1, INFO)
+    assert e.get_ledger(1) == INFO
+    e.put_ledger(1, INFO.replace(fenced=True))
+    assert e.get_ledger(1) == INFO.replace(fenced=True)
+    e.put_ledger(30, LedgerInfo(limbo=True))  # info, no entries
+    e.put_entry(20, 0, b"entries, no info")
+    for _ in range(2):
+        assert e.ledgers() == [1, 20, 30]
+        assert e.get_ledger(1) == INFO.replace(fenced=True)
+        assert e.get_ledger(30) == LedgerInfo(limbo=True)
+        assert e.get_ledger(20) is None
+        e = store.reopen(e)
+
+
+# ----- delete
+
+
+def test_delete_ledger(store: Store) -> None:
+    e = store.open()
+    for lid in (1, 2):
+        e.put_ledger(lid, INFO)
+        for entry_id in range(3):
+            e.put_entry(lid, entry_id, data(lid, entry_id, 100))
+    e.sync()
+    e.delete_ledger(1)
+    e.delete_ledger(99)  # unknown: no-op
+    assert (e.get_entry(1, 0), e.get_ledger(1), e.last_entry_id(1)) == (None, None, -1)
+    assert e.list_entries(1, 0, 10) == []
+    assert e.ledgers() == [2]
+    e.sync()
+    e = store.reopen(e)
+    assert e.ledgers() == [2]
+    assert (e.get_entry(1, 0), e.get_ledger(1)) == (None, None)
+    assert e.get_entry(2, 2) == data(2, 2, 100)
+    e.put_entry(1, 1, b"reborn")  # a re-created ledger starts empty
+    for _ in range(2):
+        assert e.list_entries(1, 0, 10) == [1]
+        assert (e.last_entry_id(1), e.get_entry(1, 0), e.get_ledger(1)) == (1, None, None)
+        assert e.ledgers() == [1, 2]
+        e = store.reopen(e)
+
+
+def test_delete_then_recreate_in_one_batch(store: Store) -> None:
+    e = store.open()
+    e.put_entry(5, 0, b"old")
+    e.put_entry(5, 1, b"old")
+    e.delete_ledger(5)
+    e.put_entry(5, 1, b"new")
+    assert (e.get_entry(5, 0), e.get_entry(5, 1), e.last_entry_id(5)) == (None, b"new", 1)
+    e = store.reopen(e)
+    assert (e.get_entry(5, 0), e.get_entry(5, 1), e.list_entries(5, 0, 9)) == (None, b"new", [1])
+
+
+# ----- durability
+
+
+def test_sync_close_reopen_keeps_everything(store: Store) -> None:
+    e = store.open()
+    rng = random.Random(1)
+    expected: dict[tuple[int, int], bytes] = {}
+    for i in range(300):
+        key = (rng.randrange(5), rng.randrange(100))
+        expected[key] = data(*key, rng.choice([0, 1, 10, 1000, 20000]), version=i)
+        e.put_entry(*key, expected[key])
+    infos = {lid: LedgerInfo(master_key=bytes([lid]), fenced=lid % 2 == 0) for lid in range(5)}
+    for lid, info in infos.items():
+        e.put_ledger(lid, info)
+    e.sync()
+    e.close()
+    e.close()  # harmless
+    e = store.open()
+    assert {k: e.get_entry(*k) for k in expected} == expected
+    assert {lid: e.get_ledger(lid) for lid in infos} == infos
+
+
+def crash_phase(e: Engine, phase: str) -> None:
+    """The writes of the crash test (also run by the child process)."""
+    sizes = [0, 1, 100, 1000, 5000, 70000]
+    if phase == "synced":
+        for lid in (1, 2, 3, 4, 5):
+            e.put_ledger(lid, LedgerInfo(master_key=b"k%d" % lid))
+            for entry_id in range(40):
+                e.put_entry(lid, entry_id, data(lid, entry_id, sizes[entry_id % len(sizes)]))
+        e.delete_ledger(5)
+    else:  # more than a write buffer or batch, so some of it reaches the files
+        for lid in (1, 2, 3):
+            for entry_id in range(40, 80):
+                e.put_entry(lid, entry_id, data(lid, entry_id, sizes[entry_id % len(sizes)]))
+            for entry_id in range(4):
+                e.put_entry(lid, entry_id, data(lid, entry_id, 300, version=1))
+            e.put_ledger(lid, LedgerInfo(master_key=b"k%d" % lid, fenced=True))
+        e.delete_ledger(4)
+        e.put_entry(6, 0, b"unsynced ledger")
+
+
+def check_after_crash(e: Engine) -> None:
+    """Every synced write is there (or a later one of the same key); nothing is torn."""
+    assert e.get_ledger(5) is None and e.get_entry(5, 0) is None
+    assert set(e.ledgers()) <= {1, 2, 3, 4, 6, 7}  # 7: written after the crash
+    for lid in (1, 2, 3, 4):
+        if lid == 4 and 4 not in e.ledgers():  # the unsynced delete survived: all of it
+            assert (e.get_entry(4, 0), e.get_ledger(4)) == (None, None)
+            continue
+        assert e.get_ledger(lid) in (LedgerInfo(b"k%d" % lid), LedgerInfo(b"k%d" % lid, True))
+        for entry_id in e.list_entries(lid, 0, 1000):
+            assert entry_id < 80
+        for entry_id in range(80):
+            written = [data(lid, entry_id, [0, 1, 100, 1000, 5000, 70000][entry_id % 6])]
+            if entry_id < 4:
+                written.append(data(lid, entry_id, 300, version=1))
+            got = e.get_entry(lid, entry_id)
+            assert got in written if entry_id < 40 else got in [None, *written]
+    assert e.get_entry(6, 0) in (None, b"unsynced ledger")
+
+
+CHILD = """
+import os, signal, sys
+from tests.test_engines import crash_phase, open_kind
+e = open_kind(sys.argv[1], sys.argv[2])
+crash_phase(e, "synced")
+e.sync()
+print("SYNCED", flush=True)
+crash_phase(e, "unsynced")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_crash_and_reopen(store: Store) -> None:
+    if store.kind == "memory":
+        e = store.open()
+        crash_phase(e, "synced")
+        e.sync()
+        crash_phase(e, "unsynced")
+        # Abandon e without close: reopening on the same disk is the crash.
+    else:
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD, store.kind, store.path],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert child.stdout == "SYNCED\n", child.stderr
+        assert child.returncode == -signal.SIGKILL, child.stderr
+    e = store.open()
+    check_after_crash(e)
+    e.put_entry(7, 0, b"after the crash")
+    e.put_ledger(7, INFO)
+    e = store.reopen(e)
+    check_after_crash(e)
+    assert (e.get_entry(7, 0), e.get_ledger(7)) == (b"after the crash", INFO)
+
+
+def test_sync_in_a_thread_while_writing(store: Store) -> None:
+    e = store.open()
+    records = [data(0, i, 64 + i % 1000) for i in range(20_000)]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def syncer() -> None:
+        try:
+            while not stop.is_set():
+                e.sync()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=syncer)
+    thread.start()
+    try:
+        for i in range(20_000):
+            e.put_entry(i % 7, i, records[i])
+            assert e.get_entry(i % 7, i) == records[i]
+            assert e.get_entry(i % 7, i // 2) in (None, records[i // 2])
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
+    e.close()
+    if store.kind == "files":  # make reopen use a snapshot taken while puts went on
+        newest = _snapshots(store.path)[-1]
+        newest.unlink()
+        assert _snapshots(store.path)
+    e = store.open()
+    for i in range(20_000):
+        assert e.get_entry(i % 7, i) == records[i]
+    assert e.last_entry_id(3) == max(i for i in range(20_000) if i % 7 == 3)
+
+
+# ----- directories: locks and shards
+
+
+def test_directory_lock(disk_store: Store) -> None:
+    e = disk_store.open()
+    with pytest.raises(OSError, match="in use by another process"):
+        disk_store.open()
+    e.close()
+    disk_store.open().put_entry(1, 0, b"reopened")
+
+
+LOCK_CHILD = """
+import sys
+from tests.test_engines import open_kind
+e = open_kind(sys.argv[1], sys.argv[2])
+print("READY", flush=True)
+sys.stdin.readline()
+e.close()
+"""
+
+
+def test_directory_lock_across_processes(disk_store: Store) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", LOCK_CHILD, disk_store.kind, disk_store.path],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "READY\n"
+        with pytest.raises(OSError, match="in use by another process"):
+            disk_store.open()
+    finally:
+        child.communicate("\n", timeout=30)
+    assert child.returncode == 0
+    disk_store.open()
+
+
+@pytest.mark.parametrize("kind", ON_DISK)
+def test_open_engine_shards_ledgers_over_dirs(kind: str, tmp_path: Path) -> None:
+    dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    e = engines.open_engine(kind, dirs)
+    assert isinstance(e, engines.ShardedEngine)
+    for lid in range(10):
+        e.put_ledger(lid, INFO)
+        e.put_entry(lid, 0, data(lid, 0, 10))
+    e.close()
+    for d in dirs:
+        shard = open_kind(kind, d)
+        assert 0 < len(shard.ledgers()) < 10
+        shard.close()
+    e = engines.open_engine(kind, dirs)
+    assert e.ledgers() == list(range(10))
+    assert all(e.get_entry(lid, 0) == data(lid, 0, 10) for lid in range(10))
+    e.close()
+
+
+# ----- the files engine's own recovery rules
+
+
+def _logs(path: str) -> list[Path]:
+    return sorted(Path(path).glob("entrylog-*.log"))
+
+
+def _snapshots(path: str) -> list[Path]:
+    return sorted(Path(path).glob("index-*.snap"))
+
+
+def _files_with_data(path: str) -> FilesEngine:
+    e = FilesEngine(path, entry_log_bytes_max=64 << 10)
+    for entry_id in range(100):
+        e.put_entry(1, entry_id, data(1, entry_id, 2000))
+    e.put_ledger(1, INFO)
+    e.put_entry(1, 100, data(1, 100, 5000))  # the last record
+    e.close()
+    return e
+
+
+def _assert_files_intact(e: FilesEngine, last: int) -> None:
+    assert [e.get_entry(1, i) for i in range(100)] == [data(1, i, 2000) for i in range(100)]
+    assert e.get_ledger(1) == INFO
+    assert e.last_entry_id(1) == last
+
+
+@pytest.mark.parametrize("tear", ["garbage", "mid_record", "mid_header"])
+def test_files_torn_tail_is_truncated(tear: str, tmp_path: Path) -> None:
+    path = str(tmp_path)
+    _files_with_data(path)
+    last_log = _logs(path)[-1]
+    size = last_log.stat().st_size
+    with open(last_log, "r+b") as f:
+        if tear == "garbage":
+            f.seek(0, os.SEEK_END)
+            f.write(b"\x42" * 100)
+        else:
+            f.truncate(size - (1000 if tear == "mid_record" else 5000 + 30))
+    e = FilesEngine(path)
+    _assert_files_intact(e, 100 if tear == "garbage" else 99)
+    assert e.get_entry(1, 100) == (data(1, 100, 5000) if tear == "garbage" else None)
+    assert last_log.stat().st_size == (size if tear == "garbage" else size - 5036)
+    e.put_entry(1, 101, b"after the tear")
+    e.close()
+    e = FilesEngine(path)
+    _assert_files_intact(e, 101)
+    assert e.get_entry(1, 101) == b"after the tear"
+    e.close()
+
+
+def test_files_damage_before_the_tail_is_an_error(tmp_path: Path) -> None:
+    path = str(tmp_path)
+    _files_with_data(path)
+    first = _logs(path)[0]
+    with open(first, "r+b") as f:  # flip one data byte of the first record
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 1]))
+    e = FilesEngine(path)  # the snapshot covers it: caught on read
+    with pytest.raises(LogCorruptError, match="damaged"):
+        e.get_entry(1, 0)
+    assert e.get_entry(1, 1) == data(1, 1, 2000)
+    e.close()
+    for snapshot in _snapshots(path):
+        snapshot.unlink()
+    with pytest.raises(LogCorruptError, match="not at the tail"):
+        FilesEngine(path)
+
+
+def test_files_damaged_snapshot_is_ignored(tmp_path: Path) -> None:
+    path = str(tmp_path)
+    _files_with_data(path)
+    snapshots = _snapshots(path)
+    assert snapshots
+    for snapshot in snapshots:
+        raw = bytearray(snapshot.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        snapshot.write_bytes(bytes(raw))
+    e = FilesEngine(path)
+    _assert_files_intact(e, 100)
+    e.close()
+    assert len(_snapshots(path)) == 1  # the damaged ones were deleted, a new one written
+
+
+def test_files_reopen_starts_from_the_snapshot(tmp_path: Path) -> None:
+    path = str(tmp_path)
+    _files_with_data(path)
+    assert len(_logs(path)) > 2
+    e = FilesEngine(path)
+    assert e.statistics()["bytes_since_snapshot"] == 0  # nothing was replayed
+    _assert_files_intact(e, 100)
+    e.close()
+
+
+def test_files_failed_fdatasync_poisons_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = FilesEngine(str(tmp_path))
+    e.put_entry(1, 0, b"synced")
+    e.sync()
+
+    def fail(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", fail)
+    e.put_entry(1, 1, b"lost")
+    with pytest.raises(OSError, match="Input/output"):
+        e.sync()
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="failed"):  # no retry: the dirty pages may be gone
+        e.sync()
+    with pytest.raises(OSError, match="failed"):
+        e.put_entry(1, 2, b"refused")
+    with pytest.raises(OSError, match="failed"):
+        e.close()
+    e = FilesEngine(str(tmp_path))  # close released the lock anyway
+    assert e.get_entry(1, 0) == b"synced"
+    e.close()
+
+
+# ----- random operation sequences against a dict model
+
+ledger_ids = st.integers(0, 3)
+operations = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("put"),
+            ledger_ids,
+            st.sampled_from([0, 1, 2, 7, 1023, 1024, 1025, 2**40]),
+            st.binary(max_size=40),
+        ),
+        st.tuples(st.just("info"), ledger_ids, st.booleans(), st.binary(max_size=8)),
+        st.tuples(st.just("delete"), ledger_ids),
+        st.tuples(st.just("sync")),
+        st.tuples(st.just("reopen"), st.booleans()),  # files: True = also drop snapshots
+    ),
+    max_size=40,
+)
+
+
+@dataclass
+class Model:
+    entries: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    infos: dict[int, LedgerInfo] = field(default_factory=dict)
+
+    def check(self, e: Engine) -> None:
+        assert e.ledgers() == sorted(set(self.infos) | {k for k, v in self.entries.items() if v})
+        for lid in range(4):
+            entries = self.entries.get(lid, {})
+            assert e.get_ledger(lid) == self.infos.get(lid)
+            assert e.list_entries(lid, 0, 100) == sorted(entries)
+            assert e.last_entry_id(lid) == max(entries, default=-1)
+            assert all(e.get_entry(lid, i) == r for i, r in entries.items())
+            assert e.get_entry(lid, 3) is None
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=operations)
+def test_random_operations_match_a_dict_model(kind: str, ops: list[tuple[object, ...]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        s = Store(kind, tmp)
+        e, model = s.open(), Model()
+        try:
+            for op in ops:
+                e = _apply(s, e, model, op)
+                model.check(e)
+        finally:
+            s.close_all()
+
+
+def _apply(s: Store, e: Engine, model: Model, op: tuple[object, ...]) -> Engine:
+    match op:
+        case ("put", int(lid), int(entry_id), bytes(record)):
+            e.put_entry(lid, entry_id, record)
+            model.entries.setdefault(lid, {})[entry_id] = record
+        case ("info", int(lid), bool(fenced), bytes(key)):
+            e.put_ledger(lid, LedgerInfo(master_key=key, fenced=fenced))
+            model.infos[lid] = LedgerInfo(master_key=key, fenced=fenced)
+        case ("delete", int(lid)):
+            e.delete_ledger(lid)
+            model.entries.pop(lid, None)
+            model.infos.pop(lid, None)
+        case ("sync",):
+            e.sync()
+        case ("reopen", bool(drop_snapshots)):
+            e.close()
+            if drop_snapshots and s.kind == "files":  # replay every record, tombstones too
+                for snapshot in _snapshots(s.path):
+                    snapshot.unlink()
+            return s.open()
+    return e
