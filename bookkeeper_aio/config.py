@@ -54,9 +54,8 @@ class _Config:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise ConfigError(
-                f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(names))}"
-            )
+            valid = ", ".join(sorted(names))
+            raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {valid}")
         converted = {k: _coerce(k, v, hints[k], source) for k, v in values.items()}
         config = cls(**converted)
         config.validate()

@@ -7,7 +7,8 @@ The writer computes a digest for every entry; the bookie recomputes it before st
 twice"). The digest is two-level so that a header can be verified without its payload:
 
     payload_digest = XXH3_64(payload)
-    digest         = XXH3_64(be_i64 ledger_id || be_i64 entry_id || be_i64 lac || be_u64 payload_digest)
+    digest         = XXH3_64(be_i64 ledger_id || be_i64 entry_id || be_i64 lac
+                             || be_u64 payload_digest)
 
 An explicit LAC record uses the same header with ``entry_id = LAC_RECORD_ENTRY_ID`` (-2) and
 ``payload_digest = 0``. A :class:`LacProof` is such a header: it tells a reader "the writer
