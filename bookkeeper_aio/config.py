@@ -198,4 +198,7 @@ class ClientConfig(_Config):
     request_timeout_s: float = 10.0  # any request without its own longer deadline
     frame_bytes_max: int = 5 * MiB
     bookie_requests_in_flight_max: int = 5_000  # per connection; below the bookie's bound
+    timeout_sweep_interval_s: float = 0.1  # how often pending requests' deadlines are checked
+    reconnect_backoff_s: float = 0.1  # first wait before reconnecting to a failed bookie
+    reconnect_backoff_max_s: float = 5.0
     client_name: str = field(default="bookkeeper-aio")

@@ -1,0 +1,53 @@
+"""Latency percentiles and result printing shared by every benchmark."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of already sorted values, nearest rank."""
+    if not sorted_values:
+        return math.nan
+    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+def latency_summary(latencies_s: Sequence[float]) -> dict[str, float]:
+    """p50/p95/p99/p99.9/max in milliseconds."""
+    values = sorted(latencies_s)
+    summary = {
+        f"p{label}_ms": percentile(values, q) * 1000
+        for label, q in (("50", 0.5), ("95", 0.95), ("99", 0.99), ("99_9", 0.999))
+    }
+    summary["max_ms"] = (values[-1] * 1000) if values else math.nan
+    return summary
+
+
+def print_table(title: str, rows: list[dict[str, Any]]) -> None:
+    """A plain aligned table of result rows (same keys in every row)."""
+    if not rows:
+        return
+    keys = list(rows[0])
+    cells = [[_fmt(r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    print(f"\n{title}")
+    print("  ".join(k.rjust(w) for k, w in zip(keys, widths, strict=True)))
+    for c in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(c, widths, strict=True)))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def write_json(path: str | None, result: dict[str, Any]) -> None:
+    """Write the result as JSON if a path was given."""
+    if path:
+        Path(path).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

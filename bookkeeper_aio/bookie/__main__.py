@@ -1,0 +1,111 @@
+"""``python -m bookkeeper_aio.bookie``: run one bookie until SIGTERM/SIGINT.
+
+Flags override the config file (``--config FILE``, TOML with :class:`BookieConfig` keys).
+Exit status: 0 after a clean shutdown, 1 when the bookie failed (journal or checkpoint error),
+2 for a bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+import uvloop
+
+from ..config import BookieConfig
+from ..errors import ConfigError
+from .server import Bookie
+
+log = logging.getLogger("bookkeeper_aio.bookie")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bookkeeper_aio.bookie", description=__doc__)
+    p.add_argument("--config", metavar="FILE", help="TOML file with BookieConfig keys")
+    p.add_argument("--listen", metavar="HOST:PORT", help="address to listen on")
+    p.add_argument("--advertised-address", metavar="HOST:PORT", help="bookie id, if not --listen")
+    p.add_argument("--journal-dir", metavar="DIR")
+    p.add_argument("--ledger-dir", metavar="DIR", action="append", help="repeatable")
+    p.add_argument("--engine", choices=("rocksdb", "files", "memory"))
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                   help="any other config key (TOML value syntax), repeatable")  # fmt: skip
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> BookieConfig:
+    """The config file (if any) overridden by flags.
+
+    Raises:
+        ConfigError: unknown keys, wrong types, invalid values.
+    """
+    overrides: dict[str, Any] = {}
+    for name in ("listen", "advertised_address", "journal_dir", "engine"):
+        value = getattr(args, name)
+        if value is not None:
+            overrides[name] = value
+    if args.ledger_dir:
+        overrides["ledger_dirs"] = tuple(args.ledger_dir)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = _toml_value(key.strip(), value)
+    if args.config:
+        config = BookieConfig.from_file(args.config, overrides)
+    else:
+        config = BookieConfig.from_mapping(overrides, source="command line")
+    config.validate()
+    return config
+
+
+def _toml_value(key: str, text: str) -> Any:
+    import tomllib
+
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare string
+
+
+async def run(config: BookieConfig) -> int:
+    """Serve until a signal or a fatal failure; return the exit status."""
+    bookie = Bookie(config)
+    await bookie.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, bookie, sig)
+    await bookie.stopped.wait()  # set by stop(), which a signal or a failure starts
+    await bookie.closed.wait()
+    return 1 if bookie.failure is not None else 0
+
+
+def _on_signal(bookie: Bookie, sig: int) -> None:
+    log.info("signal %s: shutting down", signal.Signals(sig).name)
+    bookie.request_stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = build_config(args)
+    except ConfigError as exc:
+        print(f"bookie: configuration error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return uvloop.run(run(config))
+    except OSError as exc:
+        print(f"bookie: cannot start: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

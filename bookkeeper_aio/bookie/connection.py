@@ -1,0 +1,220 @@
+"""One client connection to a bookie: framing, handshake, limits and coalesced output.
+
+Theory of operation
+-------------------
+:class:`BookieConnection` is an asyncio ``Protocol``. Bytes go through a
+:class:`~bookkeeper_aio.protocol.FrameDecoder`; each request goes to the
+:class:`~bookkeeper_aio.bookie.handler.RequestHandler` with this connection's :meth:`send` as
+its reply callback.
+
+* **Handshake first.** The first frame must be a ``HelloRequest`` with our protocol version;
+  otherwise the answer is BAD_REQUEST / BAD_VERSION and the connection closes. A connection
+  that says nothing for ``handshake_timeout_s`` is closed.
+* **Bad input never kills the server.** A frame that decodes to a ``BadFrame`` is answered
+  with an ``ErrorResponse`` and the connection stays usable; an oversize or zero-length frame
+  means the stream cannot be trusted, so this one connection gets an error and is closed.
+* **Bounded.** At most ``connection_requests_in_flight_max`` requests and
+  ``connection_in_flight_bytes_max`` payload bytes per connection wait for an answer; past
+  either bound the answer is TOO_MANY_REQUESTS. Unsent output past
+  ``connection_output_bytes_max`` pauses reading (the transport's high-water mark), as does a
+  full journal queue (the bookie pauses every connection).
+* **Coalesced output.** Replies produced in one loop iteration (a journal batch completes
+  hundreds of adds at once) leave in one ``writelines`` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..errors import FrameTooLargeError, ProtocolError, StatusCode
+from ..protocol import (
+    PROTOCOL_VERSION,
+    RESPONSE_BIT,
+    AddRequest,
+    BadFrame,
+    ErrorResponse,
+    FrameDecoder,
+    FrameEncoder,
+    HelloRequest,
+    HelloResponse,
+    Message,
+)
+from .handler import error_response
+
+if TYPE_CHECKING:
+    from .server import Bookie
+
+log = logging.getLogger(__name__)
+
+
+class BookieConnection(asyncio.Protocol):
+    """The server side of one connection (see the module docstring)."""
+
+    def __init__(self, bookie: Bookie) -> None:
+        self.bookie = bookie
+        self.config = bookie.config
+        self.handler = bookie.handler
+        self._decoder = FrameDecoder(self.config.frame_bytes_max)
+        self._encoder = FrameEncoder()
+        self._transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._greeted = False
+        self._closing = False
+        self._in_flight = 0
+        self._in_flight_bytes = 0
+        self._add_bytes: dict[int, int] = {}  # request id -> payload bytes of pending adds
+        self._pause_reasons: set[str] = set()
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self.peer = "?"
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self.peer = str(transport.get_extra_info("peername"))
+        transport.set_write_buffer_limits(high=self.config.connection_output_bytes_max)
+        if not self.bookie.register(self):
+            log.warning("refusing %s: connections_max reached", self.peer)
+            status = StatusCode.TOO_MANY_REQUESTS
+            self._close_with(ErrorResponse(-1, status, "too many connections"))
+            return
+        loop = asyncio.get_running_loop()
+        self._handshake_timer = loop.call_later(self.config.handshake_timeout_s, self._no_hello)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            messages = self._decoder.feed(data)
+        except (FrameTooLargeError, ProtocolError) as exc:
+            self.bookie.counters["frames_rejected"] += 1
+            log.warning("closing %s: %s", self.peer, exc)
+            self._close_with(ErrorResponse(-1, StatusCode.BAD_REQUEST, str(exc)))
+            return
+        for msg in messages:
+            if self._closing:
+                return
+            self._on_message(msg)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._out.clear()
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        self.bookie.unregister(self)
+
+    def pause_writing(self) -> None:
+        self.pause_reading("output")
+
+    def resume_writing(self) -> None:
+        self.resume_reading("output")
+
+    # --- flow control ---------------------------------------------------------------------
+
+    def pause_reading(self, reason: str) -> None:
+        """Stop reading requests until every reason is gone (output full, journal full)."""
+        if not self._pause_reasons and self._transport is not None and not self._closing:
+            self._transport.pause_reading()
+        self._pause_reasons.add(reason)
+
+    def resume_reading(self, reason: str) -> None:
+        """Drop one reason to pause; read again when none is left."""
+        self._pause_reasons.discard(reason)
+        if not self._pause_reasons and self._transport is not None and not self._closing:
+            self._transport.resume_reading()
+
+    # --- requests -------------------------------------------------------------------------
+
+    def _on_message(self, msg: Message | BadFrame) -> None:
+        if type(msg) is BadFrame:
+            self.bookie.counters["bad_frames"] += 1
+            reply = ErrorResponse(msg.request_id, StatusCode.BAD_REQUEST, msg.reason)
+            self.send(reply) if self._greeted else self._close_with(reply)
+            return
+        if not self._greeted:
+            self._hello(msg)
+            return
+        if type(msg) is HelloRequest or msg.OP & RESPONSE_BIT:  # type: ignore[union-attr]
+            what = "a second hello" if type(msg) is HelloRequest else "a response"
+            self.send(ErrorResponse(msg.request_id, StatusCode.BAD_REQUEST, f"unexpected {what}"))
+            return
+        size = len(msg.payload) if type(msg) is AddRequest else 0
+        if (
+            self._in_flight >= self.config.connection_requests_in_flight_max
+            or self._in_flight_bytes + size > self.config.connection_in_flight_bytes_max
+        ):
+            self.bookie.counters["too_many_requests"] += 1
+            self._send(error_response(msg, StatusCode.TOO_MANY_REQUESTS))
+            return
+        self._in_flight += 1
+        if size:
+            self._in_flight_bytes += size
+            self._add_bytes[msg.request_id] = size
+        self.handler.handle(msg, self.send)
+
+    def _hello(self, msg: Message) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        if type(msg) is not HelloRequest:
+            reply = ErrorResponse(msg.request_id, StatusCode.BAD_REQUEST, "expected hello first")
+            self._close_with(reply)
+        elif msg.protocol_version != PROTOCOL_VERSION:
+            status = StatusCode.BAD_VERSION
+            self._close_with(HelloResponse(msg.request_id, status, PROTOCOL_VERSION, ""))
+        else:
+            self._greeted = True
+            bookie_id = self.config.bookie_id
+            self._send(HelloResponse(msg.request_id, StatusCode.OK, PROTOCOL_VERSION, bookie_id))
+
+    def _no_hello(self) -> None:
+        if not self._greeted and not self._closing:
+            self._close_with(ErrorResponse(-1, StatusCode.BAD_REQUEST, "no hello in time"))
+
+    # --- output ---------------------------------------------------------------------------
+
+    def send(self, msg: Message) -> None:
+        """The reply callback of a request: account for it and queue the frame."""
+        self._in_flight -= 1
+        if self._add_bytes:
+            self._in_flight_bytes -= self._add_bytes.pop(msg.request_id, 0)
+        self._send(msg)
+
+    def _send(self, msg: Message) -> None:
+        if self._closing:
+            return  # the client is gone; dropping its answers is all we can do
+        self._out.append(self._encoder.encode(msg))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self._transport is not None and not self._transport.is_closing():
+            out, self._out = self._out, []
+            self._transport.writelines(out)
+
+    def _close_with(self, msg: Message) -> None:
+        """Send a last message, then close (after the output is flushed)."""
+        self._send(msg)
+        self._flush()
+        self._closing = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def close(self) -> None:
+        """Flush what is queued and close the connection."""
+        self._flush()
+        self._closing = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def statistics(self) -> dict[str, int]:
+        """In-flight requests and bytes, queued output frames."""
+        return {
+            "in_flight": self._in_flight,
+            "in_flight_bytes": self._in_flight_bytes,
+            "output_frames": len(self._out),
+        }

@@ -1,0 +1,417 @@
+"""The bookie's request processing: one method per operation, callbacks on the hot path.
+
+Theory of operation
+-------------------
+:meth:`RequestHandler.handle` takes a decoded request and a ``reply`` callable and calls
+``reply`` exactly once, now or later. Nothing here touches sockets; the connection
+(``server.py``) owns framing, limits and output. Time enters only through the event loop's
+``call_later`` (long-poll timeouts), so the simulator runs this code unchanged.
+
+Durability: an add is written to the engine (its write buffer; fast, synchronous) and appended
+to the journal; the reply is sent from the journal's callback, i.e. after the fdatasync of
+the batch holding it. The same holds for a fence, a ledger's master key and an explicit LAC.
+The journal is ordered, so one record's callback implies every earlier record is durable.
+
+Checks on an add, in this order (so that nothing is stored unless every check passed):
+read-only (recovery adds pass), the end-to-end digest (BP-31), the master key, the fence
+(recovery adds pass). The order matches BookKeeper's ``BookieImpl.addEntry`` except that the
+digest comes first: a corrupt frame must not create a ledger as a side effect.
+
+This handler keeps no per-request task: at 100k adds/s a task per add costs more than the add.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..config import BookieConfig
+from ..digest import (
+    LAC_RECORD_ENTRY_ID,
+    MASTER_KEY_BYTES,
+    LacProof,
+    header_digest,
+    lac_digest,
+    pack_entry_record,
+    payload_digest,
+    unpack_entry_record,
+)
+from ..engine import Engine
+from ..errors import JournalFailedError, StatusCode
+from ..protocol import (
+    ADD_FLAG_RECOVERY,
+    READ_FLAG_FENCE,
+    READ_FLAG_LONG_POLL,
+    AddRequest,
+    AddResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    Message,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+from .journal import REC_ENTRY, REC_EXPLICIT_LAC, REC_FENCE, REC_LIMBO, REC_MASTER_KEY
+from .ledger_state import LedgerState, LedgerView, pack_proof
+from .records import entry_body, ledger_body, limbo_body
+
+log = logging.getLogger(__name__)
+
+Reply = Callable[[Message], None]
+OK = StatusCode.OK
+
+
+class JournalSink(Protocol):
+    """What the handler needs from the journal (``journal.Journal``; the simulator's own)."""
+
+    def append(
+        self, rtype: int, body: bytes, callback: Callable[[BaseException | None], None]
+    ) -> None: ...
+
+
+class RequestHandler:
+    """Executes requests against the engine and the journal (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        journal: JournalSink,
+        config: BookieConfig,
+        *,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.journal = journal
+        self.config = config
+        self.read_only = config.force_read_only
+        self.disk_space = (0, 0)  # (free, total) bytes, refreshed by the disk monitor
+        self.parked = 0
+        self.counters: Counter[str] = Counter()
+        self._ledgers: dict[int, LedgerState] = {}
+        self._on_fatal = on_fatal
+        self._dispatch: dict[type, Callable[[Any, Reply], None]] = {
+            AddRequest: self._add,
+            ReadRequest: self._read,
+            ReadLacRequest: self._read_lac,
+            WriteLacRequest: self._write_lac,
+            ListEntriesRequest: self._list_entries,
+            BookieInfoRequest: self._bookie_info,
+        }
+
+    # --- entry point --------------------------------------------------------------------
+
+    def handle(self, request: Message, reply: Reply) -> None:
+        """Process one request; ``reply`` is called exactly once (maybe later)."""
+        handler = self._dispatch.get(type(request))
+        assert handler is not None, f"not a bookie request: {type(request).__name__}"
+        try:
+            handler(request, reply)
+        except (OSError, JournalFailedError) as exc:
+            # Engine or journal failure: answer with an I/O error; never crash the server.
+            self.counters["io_errors"] += 1
+            log.error("I/O error handling %s: %s", type(request).__name__, exc)
+            reply(error_response(request, StatusCode.IO_ERROR))
+            if isinstance(exc, JournalFailedError) and self._on_fatal is not None:
+                self._on_fatal(exc)
+
+    def statistics(self) -> dict[str, int | bool]:
+        """Counters, cached ledgers, parked long polls, read-only state."""
+        return {
+            **self.counters,
+            "ledgers_cached": len(self._ledgers),
+            "long_polls_parked": self.parked,
+            "read_only": self.read_only,
+        }
+
+    # --- ledger state ---------------------------------------------------------------------
+
+    def ledger(self, ledger_id: int) -> LedgerState | None:
+        """The cached state of a ledger, loaded from the engine on first use; None if unknown."""
+        state = self._ledgers.get(ledger_id)
+        if state is None:
+            info = self.engine.get_ledger(ledger_id)
+            if info is None:
+                return None
+            last = self.engine.last_entry_id(ledger_id)
+            record = self.engine.get_entry(ledger_id, last) if last >= 0 else None
+            state = LedgerState.load(ledger_id, info, (last, record) if record else None)
+            self._ledgers[ledger_id] = state
+        return state
+
+    def _new_ledger(self, ledger_id: int, master_key: bytes, view: LedgerView) -> LedgerState:
+        state = LedgerState(ledger_id, master_key, view)
+        self._ledgers[ledger_id] = state
+        self.engine.put_ledger(ledger_id, state.info())
+        return state
+
+    def set_limbo(self, ledger_id: int, master_key: bytes, limbo: bool, done: Callable) -> None:
+        """Enter or leave limbo (BP-46); ``done(exc)`` once the change is durable."""
+        state = self.ledger(ledger_id) or self._new_ledger(ledger_id, master_key, LedgerView.LIMBO)
+        state.move_to(LedgerView.LIMBO if limbo else LedgerView.FENCED)
+        self.engine.put_ledger(ledger_id, state.info())
+        self.journal.append(REC_LIMBO, limbo_body(ledger_id, state.master_key, limbo), done)
+
+    def forget(self, ledger_id: int) -> None:
+        """Drop a deleted ledger from the cache (the engine deletes its data)."""
+        state = self._ledgers.pop(ledger_id, None)
+        if state is not None:
+            state.move_to(LedgerView.DELETED)
+            state.wake_waiters()
+
+    # --- add ------------------------------------------------------------------------------
+
+    def _add(self, req: AddRequest, reply: Reply) -> None:
+        rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
+        status = self._check_add(req)
+        if status is not OK:
+            self.counters[f"add_{status.name.lower()}"] += 1
+            reply(AddResponse(rid, status, lid, eid))
+            return
+        state = self.ledger(lid)
+        if state is None:
+            state = self._new_ledger(lid, req.master_key, LedgerView.ACTIVE)
+            self.journal.append(REC_MASTER_KEY, ledger_body(lid, req.master_key), _ignore)
+        elif state.master_key != req.master_key:
+            reply(AddResponse(rid, StatusCode.UNAUTHORIZED, lid, eid))
+            return
+        if state.fenced and not req.flags & ADD_FLAG_RECOVERY:
+            self.counters["add_fenced"] += 1
+            reply(AddResponse(rid, StatusCode.FENCED, lid, eid))
+            return
+        pdigest = payload_digest(req.payload)
+        record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
+        self.engine.put_entry(lid, eid, record)
+
+        def durable(exc: BaseException | None) -> None:
+            reply(AddResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid, eid))
+
+        self.journal.append(REC_ENTRY, entry_body(lid, eid, record), durable)
+        self.counters["adds"] += 1
+        if state.offer_lac(LacProof(eid, req.lac, pdigest, req.digest)):
+            state.wake_waiters()
+
+    def _check_add(self, req: AddRequest) -> StatusCode:
+        if req.ledger_id < 0 or req.entry_id < 0 or len(req.master_key) != MASTER_KEY_BYTES:
+            return StatusCode.BAD_REQUEST
+        if req.lac >= req.entry_id and not req.flags & ADD_FLAG_RECOVERY:
+            return StatusCode.BAD_REQUEST  # a writer's LAC is always below the entry it sends
+        if self.read_only and not req.flags & ADD_FLAG_RECOVERY:
+            return StatusCode.READ_ONLY
+        pdigest = payload_digest(req.payload)
+        if header_digest(req.ledger_id, req.entry_id, req.lac, pdigest) != req.digest:
+            return StatusCode.BAD_DIGEST
+        return OK
+
+    # --- fence ----------------------------------------------------------------------------
+
+    def _fence(self, ledger_id: int, master_key: bytes | None, then: Callable[[int], None]):
+        """Fence the ledger durably, then call ``then(status)``."""
+        if master_key is None or len(master_key) != MASTER_KEY_BYTES:
+            then(StatusCode.BAD_REQUEST)
+            return
+        state = self.ledger(ledger_id)
+        if state is None:  # a fence of an unknown ledger records it as fenced
+            state = self._new_ledger(ledger_id, master_key, LedgerView.FENCED)
+            state.fence_durable = False
+        elif state.master_key != master_key:
+            then(StatusCode.UNAUTHORIZED)
+            return
+        elif not state.fenced:
+            state.move_to(LedgerView.FENCED)
+            self.engine.put_ledger(ledger_id, state.info())
+            state.fence_durable = False
+            state.wake_waiters()  # tailing readers learn at once that the writer is gone
+        self.counters["fences"] += 1
+        if state.fence_durable:
+            then(OK)
+            return
+
+        def durable(exc: BaseException | None) -> None:
+            if exc is None:
+                state.fence_durable = True
+            then(OK if exc is None else StatusCode.IO_ERROR)
+
+        # Another record even if one is pending: its callback comes after the first's.
+        self.journal.append(REC_FENCE, ledger_body(ledger_id, master_key), durable)
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def _read(self, req: ReadRequest, reply: Reply) -> None:
+        self.counters["reads"] += 1
+        if req.flags & READ_FLAG_FENCE:
+
+            def fenced(status: int) -> None:
+                if status == OK:
+                    self._read_entry(req, reply)
+                else:
+                    reply(ReadResponse(req.request_id, status, req.ledger_id, req.entry_id,
+                                       None, None, None, None))  # fmt: skip
+
+            self._fence(req.ledger_id, req.master_key, fenced)
+        elif req.flags & READ_FLAG_LONG_POLL:
+            self._long_poll(req, reply)
+        else:
+            self._read_entry(req, reply)
+
+    def _read_entry(self, req: ReadRequest, reply: Reply, *, missing_ok: bool = False) -> None:
+        rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
+        state = self.ledger(lid)
+        if state is None:
+            reply(ReadResponse(rid, StatusCode.NO_SUCH_LEDGER, lid, eid, None, None, None, None))
+            return
+        if req.master_key is not None and req.master_key != state.master_key:
+            reply(ReadResponse(rid, StatusCode.UNAUTHORIZED, lid, eid, None, None, None, None))
+            return
+        record = self.engine.get_entry(lid, eid)
+        if record is None:
+            if missing_ok:
+                status = OK
+            elif state.view is LedgerView.LIMBO:
+                status = StatusCode.UNKNOWN  # BP-46: the entry may have existed
+            else:
+                status = StatusCode.NO_SUCH_ENTRY
+            reply(ReadResponse(rid, status, lid, eid, None, None, None, state.lac_proof))
+            return
+        lac, _pdigest, digest, payload = unpack_entry_record(record)
+        reply(ReadResponse(rid, OK, lid, eid, lac, payload, digest, state.lac_proof))
+
+    def _long_poll(self, req: ReadRequest, reply: Reply) -> None:
+        """Answer once the LAC passes ``previous_lac``, the ledger is fenced, or time is up."""
+        state = self.ledger(req.ledger_id)
+        if state is None or state.lac > req.previous_lac or state.fenced:
+            self._read_entry(req, reply, missing_ok=state is not None)
+            return
+        if self.parked >= self.config.long_poll_parked_max:
+            self.counters["long_polls_refused"] += 1
+            reply(ReadResponse(req.request_id, StatusCode.TOO_MANY_REQUESTS, req.ledger_id,
+                               req.entry_id, None, None, None, None))  # fmt: skip
+            return
+        timeout_ms = max(0, min(req.timeout_ms, self.config.long_poll_timeout_ms_max))
+        self.parked += 1
+        loop = asyncio.get_running_loop()
+
+        def finish() -> None:
+            self.parked -= 1
+            timer.cancel()
+            self._read_entry(req, reply, missing_ok=True)
+
+        def wake() -> None:
+            if state.lac > req.previous_lac or state.fenced or state.view is LedgerView.DELETED:
+                finish()
+            else:
+                state.waiters.append(wake)
+
+        def expire() -> None:
+            if wake in state.waiters:
+                state.waiters.remove(wake)
+                finish()
+
+        timer = loop.call_later(timeout_ms / 1000, expire)
+        state.waiters.append(wake)
+
+    def _read_lac(self, req: ReadLacRequest, reply: Reply) -> None:
+        rid, lid = req.request_id, req.ledger_id
+
+        def answer(status: int) -> None:
+            state = self.ledger(lid) if status == OK else None
+            if state is None:
+                status = status if status != OK else StatusCode.NO_SUCH_LEDGER
+                reply(ReadLacResponse(rid, status, lid, None, -1))
+            elif req.master_key is not None and req.master_key != state.master_key:
+                reply(ReadLacResponse(rid, StatusCode.UNAUTHORIZED, lid, None, -1))
+            else:
+                last = self.engine.last_entry_id(lid)
+                reply(ReadLacResponse(rid, OK, lid, state.lac_proof, last))
+
+        self.counters["read_lacs"] += 1
+        if req.flags & READ_FLAG_FENCE:
+            self._fence(lid, req.master_key, answer)
+        else:
+            answer(OK)
+
+    # --- explicit LAC ---------------------------------------------------------------------
+
+    def _write_lac(self, req: WriteLacRequest, reply: Reply) -> None:
+        rid, lid = req.request_id, req.ledger_id
+        state = self.ledger(lid)
+        if state is None:
+            reply(WriteLacResponse(rid, StatusCode.NO_SUCH_LEDGER, lid))
+            return
+        if req.master_key != state.master_key:
+            reply(WriteLacResponse(rid, StatusCode.UNAUTHORIZED, lid))
+            return
+        if req.digest != lac_digest(lid, req.lac):
+            reply(WriteLacResponse(rid, StatusCode.BAD_DIGEST, lid))
+            return
+        proof = LacProof(LAC_RECORD_ENTRY_ID, req.lac, 0, req.digest)
+        if state.explicit_lac is None or proof.lac > state.explicit_lac.lac:
+            state.explicit_lac = proof
+            self.engine.put_ledger(lid, state.info())
+        if state.offer_lac(proof):
+            state.wake_waiters()
+
+        def durable(exc: BaseException | None) -> None:
+            reply(WriteLacResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid))
+
+        self.counters["write_lacs"] += 1
+        self.journal.append(REC_EXPLICIT_LAC, ledger_body(lid, pack_proof(proof)), durable)
+
+    # --- audits and info ------------------------------------------------------------------
+
+    def _list_entries(self, req: ListEntriesRequest, reply: Reply) -> None:
+        rid, lid = req.request_id, req.ledger_id
+        if req.max_count <= 0 or req.start_entry_id < 0:
+            reply(ListEntriesResponse(rid, StatusCode.BAD_REQUEST, lid, [], -1))
+            return
+        state = self.ledger(lid)
+        if state is None:
+            reply(ListEntriesResponse(rid, StatusCode.NO_SUCH_LEDGER, lid, [], -1))
+            return
+        count = min(req.max_count, self.config.list_entries_max)
+        ids = self.engine.list_entries(lid, req.start_entry_id, count)
+        next_id = ids[-1] + 1 if len(ids) == count else -1
+        reply(ListEntriesResponse(rid, OK, lid, to_ranges(ids), next_id))
+
+    def _bookie_info(self, req: BookieInfoRequest, reply: Reply) -> None:
+        free, total = self.disk_space
+        reply(BookieInfoResponse(req.request_id, OK, free, total, self.read_only,
+                                 self.config.bookie_id))  # fmt: skip
+
+
+def to_ranges(ids: list[int]) -> list[list[int]]:
+    """Ascending ids as inclusive ``[first, last]`` runs: [1,2,3,7] -> [[1,3],[7,7]]."""
+    ranges: list[list[int]] = []
+    for i in ids:
+        if ranges and ranges[-1][1] == i - 1:
+            ranges[-1][1] = i
+        else:
+            ranges.append([i, i])
+    return ranges
+
+
+def _ignore(exc: BaseException | None) -> None:
+    """Callback for records whose durability a later record's callback already implies."""
+
+
+def error_response(request: Message, status: int) -> Message:
+    """A response of the request's own type carrying only an error status."""
+    rid = request.request_id
+    if isinstance(request, AddRequest):
+        return AddResponse(rid, status, request.ledger_id, request.entry_id)
+    if isinstance(request, ReadRequest):
+        return ReadResponse(rid, status, request.ledger_id, request.entry_id, *[None] * 4)
+    if isinstance(request, ReadLacRequest):
+        return ReadLacResponse(rid, status, request.ledger_id, None, -1)
+    if isinstance(request, WriteLacRequest):
+        return WriteLacResponse(rid, status, request.ledger_id)
+    if isinstance(request, ListEntriesRequest):
+        return ListEntriesResponse(rid, status, request.ledger_id, [], -1)
+    return BookieInfoResponse(rid, status, 0, 0, True, "")

@@ -1,0 +1,342 @@
+"""The bookie's write-ahead journal: group commit, fdatasync before acknowledgement, replay.
+
+Theory of operation
+-------------------
+:meth:`Journal.append` queues a typed record with a callback and returns at once. One writer
+coroutine, owned by the journal, takes queued records up to ``journal_batch_bytes_max``, writes
+them with a single ``pwrite`` and ``fdatasync`` in a dedicated one-thread executor, and then runs
+the batch's callbacks on the event loop. Records that arrive while a batch is being synced form
+the next batch, so the batch size adapts to the load (group commit); ``journal_batch_wait_ms``
+> 0 additionally waits that long for a batch to fill.
+
+Files are preallocated with real zeros ``journal_preallocate_bytes`` ahead of the write position
+(so an fdatasync does not also have to persist a new file size) and roll over past
+``journal_file_bytes_max``. Every start opens a new file: a file with a torn tail is never
+appended to.
+
+A checkpoint marks the current write position, syncs the storage engine (every record before
+the mark was applied to the engine before it was appended), atomically records the mark in the
+``checkpoint`` file, and deletes files entirely before it. Replay returns every record after
+the mark, in order.
+
+Failure is fail-stop: after an I/O error the journal never writes again, fails every pending
+and future record with :class:`JournalFailedError`, and tells the bookie through
+``on_failure``. A journal whose queue exceeds ``journal_queue_bytes_max`` reports pressure
+(``on_pressure(True)``) so the bookie stops reading requests until it drains below half.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ..config import BookieConfig
+from ..errors import JournalFailedError
+from .journal_format import (
+    FILE_HEADER,
+    REC_ENTRY,
+    REC_EXPLICIT_LAC,
+    REC_FENCE,
+    REC_LIMBO,
+    REC_MASTER_KEY,
+    RECORD_HEADER,
+    JournalRecord,
+    encode_record,
+    file_header,
+    file_name,
+    list_files,
+    scan,
+)
+
+__all__ = [
+    "REC_ENTRY",
+    "REC_EXPLICIT_LAC",
+    "REC_FENCE",
+    "REC_LIMBO",
+    "REC_MASTER_KEY",
+    "Journal",
+    "JournalRecord",
+]
+
+log = logging.getLogger(__name__)
+
+Callback = Callable[[BaseException | None], None]
+CHECKPOINT_FILE = "checkpoint"
+_ZEROS = bytes(1 << 20)
+
+
+class Journal:
+    """See the module docstring. Not thread-safe: use it from the event loop thread."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        config: BookieConfig,
+        *,
+        on_pressure: Callable[[bool], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.config = config
+        self._on_pressure = on_pressure
+        self._on_failure = on_failure
+        self._queue: collections.deque[tuple[int, bytes, Callback]] = collections.deque()
+        self._queued_bytes = 0
+        self._pressure = False
+        self._wakeup = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closing = False
+        self._failed: BaseException | None = None
+        self._fd = -1
+        self._seq = 0
+        self._pos = 0  # write position in the current file
+        self._allocated = 0  # bytes of the current file known to be zero-filled
+        self._checkpoint_lock = asyncio.Lock()
+        self._stats = collections.Counter[str]()
+
+    # --- replay ---------------------------------------------------------------------------
+
+    def replay(self) -> Iterator[JournalRecord]:
+        """Every record written after the last checkpoint, in order (call before start).
+
+        Raises:
+            JournalFailedError: a journal file is unreadable or has a foreign header.
+        """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        mark_seq, mark_offset = self._read_checkpoint()
+        for seq, path in list_files(self.directory):
+            if seq < mark_seq:
+                continue
+            try:
+                data = path.read_bytes()
+                result = scan(data, seq, mark_offset if seq == mark_seq else 0)
+            except (OSError, ValueError) as exc:
+                raise JournalFailedError(f"cannot replay journal file {path}: {exc}") from exc
+            if not result.clean_end:
+                log.warning(
+                    "journal file %s: replay stops at offset %d of %d (torn write)",
+                    path.name, result.end_offset, len(data),
+                )  # fmt: skip
+            self._stats["replayed_records"] += len(result.records)
+            yield from result.records
+
+    def _read_checkpoint(self) -> tuple[int, int]:
+        path = self.directory / CHECKPOINT_FILE
+        try:
+            mark = json.loads(path.read_text())
+            return int(mark["seq"]), int(mark["offset"])
+        except FileNotFoundError:
+            return 0, 0
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise JournalFailedError(f"unreadable journal checkpoint {path}: {exc}") from exc
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open a new journal file and start the writer."""
+        assert self._writer is None, "journal already started"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="journal")
+        files = list_files(self.directory)
+        next_seq = files[-1][0] + 1 if files else 1
+        await self._run(self._open_file, next_seq)
+        self._writer = asyncio.create_task(self._write_loop(), name="journal-writer")
+
+    async def close(self) -> None:
+        """Make everything appended durable (callbacks run), then stop the writer."""
+        if self._writer is None:
+            return
+        self._closing = True
+        self._wakeup.set()
+        await self._writer
+        if self._fd >= 0:
+            await self._run(os.close, self._fd)
+            self._fd = -1
+        assert self._executor is not None
+        self._executor.shutdown(wait=True)
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The failure that stopped the journal, if any."""
+        return self._failed
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes appended but not yet durable."""
+        return self._queued_bytes
+
+    # --- append ---------------------------------------------------------------------------
+
+    def append(self, rtype: int, body: bytes, callback: Callback) -> None:
+        """Queue a record; ``callback(None)`` once it is durable, ``callback(exc)`` on failure.
+
+        Raises:
+            JournalFailedError: the journal has failed or is closed.
+        """
+        if self._failed is not None:
+            raise JournalFailedError(f"journal failed: {self._failed}") from self._failed
+        if self._closing or self._writer is None:
+            raise JournalFailedError("journal is not running")
+        self._queue.append((rtype, body, callback))
+        self._queued_bytes += len(body) + RECORD_HEADER.size + 1
+        if not self._pressure and self._queued_bytes > self.config.journal_queue_bytes_max:
+            self._set_pressure(True)
+        self._wakeup.set()
+
+    def _set_pressure(self, full: bool) -> None:
+        self._pressure = full
+        if self._on_pressure is not None:
+            self._on_pressure(full)
+
+    # --- the writer -----------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        wait_s = self.config.journal_batch_wait_ms / 1000
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if wait_s and self._queued_bytes < self.config.journal_batch_bytes_max:
+                await asyncio.sleep(wait_s)  # let the batch fill (bounded by time)
+            batch = self._take_batch()
+            try:
+                await self._write_batch(batch)
+            except BaseException as exc:
+                self._fail(exc, batch)
+                return
+            for _, _, callback in batch:
+                callback(None)
+
+    def _take_batch(self) -> list[tuple[int, bytes, Callback]]:
+        limit = self.config.journal_batch_bytes_max
+        batch: list[tuple[int, bytes, Callback]] = []
+        size = 0
+        while self._queue and (not batch or size + len(self._queue[0][1]) <= limit):
+            item = self._queue.popleft()
+            batch.append(item)
+            size += len(item[1]) + RECORD_HEADER.size + 1
+        self._queued_bytes -= size
+        if self._pressure and self._queued_bytes < self.config.journal_queue_bytes_max // 2:
+            self._set_pressure(False)
+        return batch
+
+    async def _write_batch(self, batch: list[tuple[int, bytes, Callback]]) -> None:
+        if self._pos >= self.config.journal_file_bytes_max:
+            await self._run(self._roll_over)
+        seq = self._seq
+        data = b"".join([encode_record(seq, rtype, body) for rtype, body, _ in batch])
+        await self._run(self._write_sync, data, self._pos)
+        self._pos += len(data)
+        self._stats["batches"] += 1
+        self._stats["records"] += len(batch)
+        self._stats["bytes"] += len(data)
+
+    def _fail(self, exc: BaseException, batch: list[tuple[int, bytes, Callback]]) -> None:
+        self._failed = exc
+        log.critical("journal failed, no further writes: %s", exc)
+        error = JournalFailedError(f"journal write failed: {exc}")
+        error.__cause__ = exc
+        pending = batch + list(self._queue)
+        self._queue.clear()
+        self._queued_bytes = 0
+        for _, _, callback in pending:
+            callback(error)
+        if self._on_failure is not None:
+            self._on_failure(error)
+
+    async def _run(self, fn: Callable[..., object], *args: object) -> object:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn, *args)
+
+    # --- file operations (executor thread) ------------------------------------------------
+
+    def _write_sync(self, data: bytes, pos: int) -> None:
+        end = pos + len(data)
+        while end + RECORD_HEADER.size > self._allocated:
+            self._preallocate()
+        os.pwrite(self._fd, data, pos)
+        os.fdatasync(self._fd)
+        self._stats["fsyncs"] += 1
+
+    def _preallocate(self) -> None:
+        """Zero-fill the next ``journal_preallocate_bytes`` (real zeros, not a sparse hole)."""
+        target = self._allocated + self.config.journal_preallocate_bytes
+        while self._allocated < target:
+            n = min(len(_ZEROS), target - self._allocated)
+            os.pwrite(self._fd, _ZEROS[:n], self._allocated)
+            self._allocated += n
+
+    def _open_file(self, seq: int) -> None:
+        path = self.directory / file_name(seq)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+        header = file_header(seq)
+        os.pwrite(fd, header, 0)
+        self._fd, self._seq, self._pos, self._allocated = fd, seq, len(header), len(header)
+        self._preallocate()
+        os.fsync(fd)
+        _fsync_dir(self.directory)
+        self._stats["files_created"] += 1
+
+    def _roll_over(self) -> None:
+        os.close(self._fd)
+        self._fd = -1
+        self._open_file(self._seq + 1)
+
+    # --- checkpoint -----------------------------------------------------------------------
+
+    async def checkpoint(self, sync_engine: Callable[[], None]) -> None:
+        """Sync the engine and drop the journal it now covers (see the module docstring).
+
+        Raises:
+            OSError: the engine sync or the checkpoint file write failed.
+        """
+        async with self._checkpoint_lock:
+            # Everything before (seq, pos) was applied to the engine before it was appended.
+            mark_seq, mark_pos = self._seq, self._pos
+            await asyncio.to_thread(sync_engine)
+            await asyncio.to_thread(self._write_checkpoint, mark_seq, mark_pos)
+            self._stats["checkpoints"] += 1
+
+    def _write_checkpoint(self, seq: int, offset: int) -> None:
+        tmp = self.directory / (CHECKPOINT_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"seq": seq, "offset": offset}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.directory / CHECKPOINT_FILE)
+        _fsync_dir(self.directory)
+        for old_seq, path in list_files(self.directory):
+            if old_seq < seq:
+                path.unlink(missing_ok=True)
+                self._stats["files_deleted"] += 1
+
+    def statistics(self) -> dict[str, int | float]:
+        """Batches, records, bytes, fsyncs, files, queue depth, mean batch size."""
+        stats: dict[str, int | float] = dict(self._stats)
+        stats["queued_bytes"] = self._queued_bytes
+        stats["queued_records"] = len(self._queue)
+        stats["file_seq"] = self._seq
+        batches = self._stats["batches"]
+        stats["records_per_batch"] = self._stats["records"] / batches if batches else 0.0
+        return stats
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+assert FILE_HEADER.size < 64

@@ -1,0 +1,253 @@
+"""A bookie's lifecycle: boot (replay), serve, background loops, clean shutdown.
+
+Theory of operation
+-------------------
+Boot: open the engine, replay the journal into it (every record after the last checkpoint),
+start a new journal file, then checkpoint once so the replayed state is synced and the old
+journal files go away. Only then does the bookie listen, so no client ever sees a state that a
+replay would still change.
+
+Serving: connections (``connection.py``) feed the :class:`RequestHandler`. Two owned
+background loops run beside them: the checkpoint loop (sync the engine, trim the journal) and
+the disk monitor (read-only mode when a ledger dir fills up). When the journal's queue is full
+every connection stops reading until it drains: backpressure instead of memory growth.
+
+Shutdown (SIGTERM/SIGINT in ``__main__``, or :meth:`Bookie.stop`): stop accepting, stop reading,
+checkpoint (the engine holds everything), drain the journal so every pending reply goes out,
+close connections, close the engine. A journal failure is fail-stop: the bookie answers
+IO_ERROR, stops, and ``__main__`` exits non-zero, because a bookie that cannot make entries
+durable must not acknowledge anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from engines import open_engine
+
+from ..config import BookieConfig
+from ..engine import Engine
+from ..net import Network, Server, TcpNetwork
+from .connection import BookieConnection
+from .disk import disk_usage, next_read_only
+from .handler import RequestHandler
+from .journal import Journal
+from .records import replay_into
+
+log = logging.getLogger(__name__)
+
+
+class Bookie:
+    """One bookie server. Use :meth:`serve` (``async with``) or :meth:`start`/:meth:`stop`."""
+
+    def __init__(
+        self,
+        config: BookieConfig,
+        *,
+        network: Network | None = None,
+        engine: Engine | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.network = network or TcpNetwork()
+        self.counters: Counter[str] = Counter()
+        self.connections: set[BookieConnection] = set()
+        self.failure: BaseException | None = None
+        self.stopped = asyncio.Event()  # stop() has begun
+        self.closed = asyncio.Event()  # stop() has finished
+        self._engine = engine
+        self._journal: Journal | None = None
+        self._handler: RequestHandler | None = None
+        self._server: Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._journal_full = False
+        self._stop_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def serve(cls, config: BookieConfig, **kwargs: object) -> AsyncIterator[Bookie]:
+        """Start a bookie, yield it, stop it."""
+        bookie = cls(config, **kwargs)  # type: ignore[arg-type]
+        await bookie.start()
+        try:
+            yield bookie
+        finally:
+            await bookie.stop()
+
+    @property
+    def handler(self) -> RequestHandler:
+        assert self._handler is not None, "bookie not started"
+        return self._handler
+
+    @property
+    def engine(self) -> Engine:
+        assert self._engine is not None, "bookie not started"
+        return self._engine
+
+    # --- boot -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open storage, replay the journal, checkpoint, listen.
+
+        Raises:
+            OSError: a dir cannot be created or opened (for example locked by another bookie).
+            JournalFailedError: the journal is corrupt in a way replay cannot get past.
+        """
+        cfg = self.config
+        await asyncio.to_thread(_make_dirs, (cfg.journal_dir, *cfg.ledger_dirs))
+        if self._engine is None:
+            self._engine = await asyncio.to_thread(open_engine, cfg.engine, cfg.ledger_dirs)
+        journal = self._journal = Journal(
+            cfg.journal_dir, cfg, on_pressure=self._journal_pressure, on_failure=self._fatal
+        )
+        replayed = await asyncio.to_thread(replay_into, self._engine, journal.replay())
+        await journal.start()
+        self._handler = RequestHandler(self._engine, journal, cfg, on_fatal=self._fatal)
+        await journal.checkpoint(self._engine.sync)
+        await self._check_disks()
+        self._server = await self.network.start_server(lambda: BookieConnection(self), cfg.listen)
+        self._tasks = [
+            asyncio.create_task(self._checkpoint_loop(), name="bookie-checkpoint"),
+            asyncio.create_task(self._disk_loop(), name="bookie-disk-monitor"),
+        ]
+        log.info(
+            "bookie %s serving on %s (engine %s, %d journal records replayed)",
+            cfg.bookie_id, cfg.listen, cfg.engine, replayed,
+        )  # fmt: skip
+
+    # --- connections ----------------------------------------------------------------------
+
+    def register(self, conn: BookieConnection) -> bool:
+        """Track a new connection; False if ``connections_max`` is reached."""
+        if len(self.connections) >= self.config.connections_max:
+            self.counters["connections_refused"] += 1
+            return False
+        self.connections.add(conn)
+        self.counters["connections_accepted"] += 1
+        if self._journal_full:
+            conn.pause_reading("journal")
+        return True
+
+    def unregister(self, conn: BookieConnection) -> None:
+        """Forget a closed connection."""
+        self.connections.discard(conn)
+
+    def _journal_pressure(self, full: bool) -> None:
+        self._journal_full = full
+        self.counters["journal_pressure_events"] += full
+        for conn in list(self.connections):
+            conn.pause_reading("journal") if full else conn.resume_reading("journal")
+
+    # --- background loops -----------------------------------------------------------------
+
+    async def _checkpoint_loop(self) -> None:
+        assert self._journal is not None
+        while True:
+            await asyncio.sleep(self.config.checkpoint_interval_s)
+            try:
+                await self._journal.checkpoint(self.engine.sync)
+                self.counters["checkpoints"] += 1
+            except Exception as exc:
+                self._fatal(exc)
+                return
+
+    async def _disk_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.disk_check_interval_s)
+            try:
+                await self._check_disks()
+            except OSError as exc:
+                log.error("disk check failed: %s", exc)
+
+    async def _check_disks(self) -> None:
+        cfg, handler = self.config, self.handler
+        usage = await asyncio.to_thread(disk_usage, cfg.ledger_dirs)
+        handler.disk_space = (usage.free_bytes, usage.total_bytes)
+        read_only = cfg.force_read_only or next_read_only(
+            handler.read_only,
+            usage.used_fraction_max,
+            cfg.disk_usage_threshold,
+            cfg.disk_usage_lwm_threshold,
+        )
+        if read_only != handler.read_only:
+            log.warning(
+                "bookie %s is now %s (disk %.1f%% used)",
+                cfg.bookie_id, "read-only" if read_only else "writable",
+                100 * usage.used_fraction_max,
+            )  # fmt: skip
+            handler.read_only = read_only
+
+    # --- failure and shutdown -------------------------------------------------------------
+
+    def _fatal(self, exc: BaseException) -> None:
+        """Fail-stop: remember the first failure and stop in the background."""
+        if self.failure is None:
+            self.failure = exc
+            log.critical("bookie %s failed, stopping: %s", self.config.bookie_id, exc)
+            self.request_stop()
+
+    def request_stop(self) -> None:
+        """Begin :meth:`stop` from a callback (signal handler, failure); ``closed`` tells when
+        it is done. The task is owned here and awaited by ``stop`` callers via ``closed``."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.get_running_loop().create_task(self.stop(), name="stop")
+
+    async def stop(self) -> None:
+        """Clean shutdown (idempotent); see the module docstring for the order."""
+        if self._server is None:
+            return  # never started
+        if self.stopped.is_set():
+            await self.closed.wait()
+            return
+        self.stopped.set()
+        try:
+            await self._stop()
+        finally:
+            self.closed.set()
+
+    async def _stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for conn in list(self.connections):
+            conn.pause_reading("shutdown")
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
+        async with asyncio.timeout(self.config.shutdown_timeout_s):
+            await self._shutdown_storage()
+        for conn in list(self.connections):
+            conn.close()
+        await self._server.wait_closed()
+        log.info("bookie %s stopped", self.config.bookie_id)
+
+    async def _shutdown_storage(self) -> None:
+        assert self._journal is not None and self._engine is not None
+        if self.failure is None:
+            try:
+                await self._journal.checkpoint(self._engine.sync)
+            except Exception as exc:  # still close everything; the journal keeps the data
+                log.error("final checkpoint failed: %s", exc)
+        await self._journal.close()
+        await asyncio.sleep(0)  # let the drained callbacks' replies flush
+        await asyncio.to_thread(self._engine.close)
+
+    def statistics(self) -> dict[str, object]:
+        """Counters of the server, the handler and the journal."""
+        return {
+            **self.counters,
+            "connections": len(self.connections),
+            "handler": self.handler.statistics(),
+            "journal": self._journal.statistics() if self._journal else {},
+        }
+
+
+def _make_dirs(dirs: tuple[str, ...]) -> None:
+    for d in dirs:
+        Path(d).mkdir(parents=True, exist_ok=True)

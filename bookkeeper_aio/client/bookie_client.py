@@ -1,0 +1,432 @@
+"""The client side of one bookie connection: pipelined requests, matched by request id.
+
+Theory of operation
+-------------------
+:class:`BookieClient` is an asyncio ``Protocol``. :meth:`BookieClient.request` builds a request
+with a fresh request id, queues its frame and returns a future; frames queued in one loop
+iteration leave in one ``writelines`` call. Responses are matched to futures by request id, in
+whatever order the bookie answers. A response resolves its future whatever its status (callers
+interpret statuses); an ``ErrorResponse`` resolves it with the matching exception.
+
+Deadlines: every request has one (``request_timeout_s`` unless given). Instead of one timer per
+request, a sweeper wakes every ``timeout_sweep_interval_s`` and fails requests whose deadline
+passed with :class:`OperationTimeoutError` (a timer per request costs more than the request at
+100k requests/s). A late answer to a timed-out request is ignored.
+
+Bounds: at most ``bookie_requests_in_flight_max`` requests wait for answers; past that,
+:meth:`request` raises :class:`TooManyRequestsError` at once and :meth:`wait_capacity` lets a
+caller wait for room. When the transport's buffer is full (the bookie reads slowly)
+:meth:`wait_capacity` also waits for it to drain.
+
+A lost connection fails every pending request with :class:`BookieUnavailableError`: the outcome
+of those requests is unknown, never negative.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..config import ClientConfig
+from ..errors import (
+    BookieUnavailableError,
+    ClientClosedError,
+    FrameTooLargeError,
+    OperationTimeoutError,
+    ProtocolError,
+    ProtocolVersionError,
+    StatusCode,
+    TooManyRequestsError,
+    error_for_status,
+)
+from ..net import Network
+from ..protocol import (
+    ADD_FLAG_RECOVERY,
+    PROTOCOL_VERSION,
+    READ_FLAG_FENCE,
+    READ_FLAG_LONG_POLL,
+    AddRequest,
+    AddResponse,
+    BadFrame,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    ErrorResponse,
+    FrameDecoder,
+    FrameEncoder,
+    HelloRequest,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+
+log = logging.getLogger(__name__)
+
+
+class BookieClient(asyncio.Protocol):
+    """One pipelined connection to one bookie (see the module docstring)."""
+
+    def __init__(self, address: str, config: ClientConfig) -> None:
+        self.address = address
+        self.config = config
+        self.bookie_id = address
+        self._loop = asyncio.get_running_loop()
+        self._decoder = FrameDecoder(config.frame_bytes_max)
+        self._encoder = FrameEncoder()
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, tuple[asyncio.Future[Any], float]] = {}
+        self._next_id = 1
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._closed: BaseException | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._capacity = asyncio.Event()
+        self._capacity.set()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self.lost = asyncio.Event()
+        self.stats = {"requests": 0, "responses": 0, "timeouts": 0, "late_responses": 0}
+
+    # --- connect --------------------------------------------------------------------------
+
+    @classmethod
+    async def connect(cls, network: Network, address: str, config: ClientConfig) -> BookieClient:
+        """Connect and shake hands.
+
+        Raises:
+            BookieUnavailableError: cannot connect, or no hello answer in time.
+            ProtocolVersionError: the bookie speaks another protocol version.
+        """
+        client: BookieClient | None = None
+        try:
+            async with asyncio.timeout(config.connect_timeout_s):
+                _, protocol = await network.connect(lambda: cls(address, config), address)
+                assert isinstance(protocol, BookieClient)
+                client = protocol
+                hello = await client.request(HelloRequest, PROTOCOL_VERSION, config.client_name)
+        except (OSError, TimeoutError, BookieUnavailableError) as exc:
+            if client is not None:
+                client.abort(BookieUnavailableError("handshake failed"))
+            what = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+            raise BookieUnavailableError(f"cannot connect to bookie {address}: {what}") from exc
+        if hello.status != StatusCode.OK or hello.protocol_version != PROTOCOL_VERSION:
+            client.abort(ProtocolVersionError(f"bookie {address} speaks version "
+                                              f"{hello.protocol_version}"))  # fmt: skip
+            raise ProtocolVersionError(
+                f"bookie {address} speaks protocol {hello.protocol_version}, "
+                f"we speak {PROTOCOL_VERSION}"
+            )
+        client.bookie_id = hello.bookie_id
+        return client
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._schedule_sweep()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self._decoder.feed(data)
+        except (FrameTooLargeError, ProtocolError) as exc:
+            self.abort(BookieUnavailableError(f"bookie {self.address} sent garbage: {exc}"))
+            return
+        pending = self._pending
+        for msg in messages:
+            if type(msg) is BadFrame:
+                log.warning("bookie %s sent a bad frame: %s", self.address, msg.reason)
+                continue
+            entry = pending.pop(msg.request_id, None)
+            if entry is None:
+                self.stats["late_responses"] += 1
+                continue
+            self.stats["responses"] += 1
+            fut = entry[0]
+            if fut.done():
+                continue
+            if type(msg) is ErrorResponse:
+                fut.set_exception(error_for_status(msg.status, f"{self.address}: {msg.message}"))
+            else:
+                fut.set_result(msg)
+        if not self._capacity.is_set() and len(pending) < self.config.bookie_requests_in_flight_max:
+            self._capacity.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f"connection to bookie {self.address} lost" + (f": {exc}" if exc else "")
+        self._fail_all(self._closed or BookieUnavailableError(reason))
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # --- requests -------------------------------------------------------------------------
+
+    @property
+    def is_usable(self) -> bool:
+        """True while the connection is open."""
+        return self._closed is None and not self.lost.is_set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def request(self, msg_type: type, *fields: Any, timeout_s: float | None = None):
+        """Send ``msg_type(request_id, *fields)``; a future of the response (any status).
+
+        Raises:
+            ClientClosedError / BookieUnavailableError: the connection is closed or lost.
+            TooManyRequestsError: ``bookie_requests_in_flight_max`` requests are pending.
+        """
+        if self._closed is not None:
+            raise self._closed
+        if len(self._pending) >= self.config.bookie_requests_in_flight_max:
+            self._capacity.clear()
+            raise TooManyRequestsError(f"{len(self._pending)} requests pending on {self.address}")
+        rid = self._next_id
+        self._next_id += 1
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        deadline = self._loop.time() + (timeout_s or self.config.request_timeout_s)
+        self._pending[rid] = (fut, deadline)
+        self._out.append(self._encoder.encode(msg_type(rid, *fields)))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        self.stats["requests"] += 1
+        return fut
+
+    async def wait_capacity(self) -> None:
+        """Wait until a request can be sent without exceeding a bound."""
+        limit = self.config.bookie_requests_in_flight_max
+        while self._closed is None and (len(self._pending) >= limit or not self._writable.is_set()):
+            if len(self._pending) >= limit:
+                self._capacity.clear()
+            await self._capacity.wait()
+            await self._writable.wait()
+        if self._closed is not None:
+            raise self._closed
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self._transport is not None and not self._transport.is_closing():
+            out, self._out = self._out, []
+            self._transport.writelines(out)
+
+    def _schedule_sweep(self) -> None:
+        self._sweeper = self._loop.call_later(self.config.timeout_sweep_interval_s, self._sweep)
+
+    def _sweep(self) -> None:
+        now = self._loop.time()
+        expired = [rid for rid, (_, deadline) in self._pending.items() if deadline <= now]
+        for rid in expired:
+            fut, _ = self._pending.pop(rid)
+            self.stats["timeouts"] += 1
+            if not fut.done():
+                fut.set_exception(OperationTimeoutError(f"bookie {self.address} did not answer"))
+        if expired and len(self._pending) < self.config.bookie_requests_in_flight_max:
+            self._capacity.set()
+        if self._closed is None:
+            self._schedule_sweep()
+
+    def _fail_all(self, exc: BaseException) -> None:
+        if self._closed is None:
+            self._closed = exc
+        self.lost.set()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        pending, self._pending = self._pending, {}
+        for fut, _ in pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._capacity.set()
+        self._writable.set()
+
+    def abort(self, exc: BaseException) -> None:
+        """Close at once, failing pending requests with ``exc``."""
+        self._fail_all(exc)
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def close(self) -> None:
+        """Close the connection; pending requests fail with ClientClosedError."""
+        if self._closed is None:
+            self._flush()
+            self._fail_all(ClientClosedError(f"connection to {self.address} closed"))
+        if self._transport is not None:
+            self._transport.close()
+        await asyncio.sleep(0)
+
+    def statistics(self) -> dict[str, int]:
+        """Requests, responses, timeouts, late responses, in flight."""
+        return {**self.stats, "in_flight": len(self._pending)}
+
+    # --- typed helpers (raise on a non-OK status) -----------------------------------------
+
+    async def add_entry(
+        self, ledger_id: int, entry_id: int, master_key: bytes, lac: int, payload: bytes,
+        digest: int, *, recovery: bool = False,
+    ) -> AddResponse:  # fmt: skip
+        """Add one entry. Raises the status's exception unless OK."""
+        flags = ADD_FLAG_RECOVERY if recovery else 0
+        fields = (ledger_id, entry_id, flags, master_key, lac, payload, digest)
+        return _ok(await self.request(AddRequest, *fields))
+
+    async def read_entry(
+        self, ledger_id: int, entry_id: int, *, master_key: bytes | None = None,
+        fence: bool = False, long_poll_previous_lac: int | None = None,
+        long_poll_timeout_ms: int = 0,
+    ) -> ReadResponse:  # fmt: skip
+        """Read one entry (optionally fencing, or long-polling for the LAC to pass a value)."""
+        flags = READ_FLAG_FENCE if fence else 0
+        previous, timeout_s = -1, None
+        if long_poll_previous_lac is not None:
+            flags |= READ_FLAG_LONG_POLL
+            previous = long_poll_previous_lac
+            timeout_s = long_poll_timeout_ms / 1000 + self.config.request_timeout_s
+        fields = (ledger_id, entry_id, flags, master_key, previous, long_poll_timeout_ms)
+        return _ok(await self.request(ReadRequest, *fields, timeout_s=timeout_s))
+
+    async def read_lac(
+        self, ledger_id: int, *, master_key: bytes | None = None, fence: bool = False
+    ) -> ReadLacResponse:
+        """The bookie's best LAC proof and last entry id for a ledger."""
+        flags = READ_FLAG_FENCE if fence else 0
+        return _ok(await self.request(ReadLacRequest, ledger_id, flags, master_key))
+
+    async def write_lac(
+        self, ledger_id: int, master_key: bytes, lac: int, digest: int
+    ) -> WriteLacResponse:
+        """Store an explicit LAC."""
+        return _ok(await self.request(WriteLacRequest, ledger_id, master_key, lac, digest))
+
+    async def list_entries(
+        self, ledger_id: int, start_entry_id: int = 0, max_count: int = 100_000
+    ) -> ListEntriesResponse:
+        """One page of the entry ids the bookie holds."""
+        return _ok(await self.request(ListEntriesRequest, ledger_id, start_entry_id, max_count))
+
+    async def bookie_info(self) -> BookieInfoResponse:
+        """Free/total disk and read-only state."""
+        return _ok(await self.request(BookieInfoRequest))
+
+
+def _ok(response: Any) -> Any:
+    if response.status != StatusCode.OK:
+        raise error_for_status(response.status)
+    return response
+
+
+class BookiePool:
+    """Connections by address: one per bookie, shared, reconnected on the next use after a loss.
+
+    Concurrent callers of :meth:`get` share one connection attempt. After a failed attempt the
+    address is not retried for a backoff that doubles up to ``reconnect_backoff_max_s`` (with
+    jitter from the injected rng), so a dead bookie costs one fast failure, not a connect storm.
+    """
+
+    def __init__(self, network: Network, config: ClientConfig, rng: Any) -> None:
+        self.network = network
+        self.config = config
+        self.rng = rng
+        self._clients: dict[str, BookieClient] = {}
+        self._connecting: dict[str, asyncio.Future[BookieClient]] = {}
+        self._backoff: dict[str, tuple[float, float]] = {}  # address -> (retry_at, delay)
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()  # connect-then-send, owned until done
+
+    def get_nowait(self, address: str) -> BookieClient | None:
+        """A usable connection if there is one already."""
+        client = self._clients.get(address)
+        return client if client is not None and client.is_usable else None
+
+    async def get(self, address: str) -> BookieClient:
+        """A usable connection to ``address``, connecting if needed.
+
+        Raises:
+            BookieUnavailableError: cannot connect (or still backing off after a failure).
+            ClientClosedError: the pool is closed.
+        """
+        if self._closed:
+            raise ClientClosedError("bookie pool closed")
+        client = self.get_nowait(address)
+        if client is not None:
+            return client
+        loop = asyncio.get_running_loop()
+        retry_at, _ = self._backoff.get(address, (0.0, 0.0))
+        if loop.time() < retry_at:
+            raise BookieUnavailableError(f"bookie {address} unreachable (backing off)")
+        fut = self._connecting.get(address)
+        if fut is None:
+            fut = self._connecting[address] = loop.create_future()
+            try:
+                client = await BookieClient.connect(self.network, address, self.config)
+            except BaseException as exc:
+                self._note_failure(address, loop.time())
+                fut.set_exception(exc)
+                fut.exception()  # consumed here; other waiters get it too
+                raise
+            finally:
+                self._connecting.pop(address, None)
+            self._backoff.pop(address, None)
+            self._clients[address] = client
+            fut.set_result(client)
+            return client
+        return await asyncio.shield(fut)
+
+    def _note_failure(self, address: str, now: float) -> None:
+        _, delay = self._backoff.get(address, (0.0, 0.0))
+        delay = min(self.config.reconnect_backoff_max_s,
+                    max(self.config.reconnect_backoff_s, delay * 2))  # fmt: skip
+        self._backoff[address] = (now + delay * (0.5 + self.rng.random()), delay)
+
+    def send(
+        self, address: str, msg_type: type, *fields: Any, callback: Callable[[Any], None]
+    ) -> None:
+        """Fire a request and call ``callback(response_or_exception)`` (no await needed).
+
+        Connects first if needed (in a task owned until it finishes).
+        """
+        client = self.get_nowait(address)
+        if client is not None:
+            try:
+                fut = client.request(msg_type, *fields)
+            except Exception as exc:
+                callback(exc)
+                return
+            fut.add_done_callback(lambda f: callback(f.exception() or f.result()))
+            return
+
+        async def connect_then_send() -> None:
+            try:
+                c = await self.get(address)
+                response = await c.request(msg_type, *fields)
+            except Exception as exc:
+                callback(exc)
+                return
+            callback(response)
+
+        task = asyncio.ensure_future(connect_then_send())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Close every connection."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            await c.close()
+
+    async def __aenter__(self) -> BookiePool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

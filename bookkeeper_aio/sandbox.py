@@ -1,0 +1,122 @@
+"""A local cluster of real processes: bookies (and, with the metadata store, etcd).
+
+What ``make run``, the benchmarks and the end-to-end tests start. Every process gets its own
+dirs under one root and a free port on 127.0.0.1; :class:`BookieProcess` is a thin handle over
+``python -m bookkeeper_aio.bookie`` with start / kill -9 / SIGTERM, and :func:`bookies` is a
+context manager that never leaves a process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(address: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    """Poll until ``address`` accepts a TCP connection.
+
+    Raises:
+        RuntimeError: the process exited (its log tail is in the message).
+        TimeoutError: still not listening after ``timeout_s``.
+    """
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited {proc.returncode}:\n{_tail(log)}")
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{address} not listening after {timeout_s}s:\n{_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+
+
+class BookieProcess:
+    """``python -m bookkeeper_aio.bookie`` with its own dirs under ``root``."""
+
+    def __init__(self, root: Path, engine: str = "rocksdb", *extra: str) -> None:
+        self.root = Path(root)
+        self.engine = engine
+        self.extra = list(extra)
+        self.address = f"127.0.0.1:{free_port()}"
+        self.log = self.root / "bookie.log"
+        self.proc: subprocess.Popen | None = None
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def args(self) -> list[str]:
+        """The command line."""
+        return [
+            sys.executable, "-m", "bookkeeper_aio.bookie",
+            "--listen", self.address,
+            "--journal-dir", str(self.root / "journal"),
+            "--ledger-dir", str(self.root / "ledgers"),
+            "--engine", self.engine,
+            *self.extra,
+        ]  # fmt: skip
+
+    def start(self, timeout_s: float = 30.0) -> BookieProcess:
+        """Start the process and wait until it listens."""
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        wait_listening(self.address, self.proc, self.log, timeout_s)
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """kill -9: no chance to flush anything (also resumes a stopped process first)."""
+        if self.running:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait; return the exit status (SIGKILL after the timeout)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def signal(self, sig: int) -> None:
+        """Send a signal (SIGSTOP/SIGCONT freeze and thaw it)."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+
+
+@contextlib.contextmanager
+def bookies(root: Path, count: int, engine: str = "rocksdb", *extra: str) -> Iterator[list]:
+    """Start ``count`` bookie processes; kill whatever is left at the end."""
+    procs = [BookieProcess(Path(root) / f"bookie-{i}", engine, *extra) for i in range(count)]
+    try:
+        for p in procs:
+            p.start()
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()

@@ -1,0 +1,51 @@
+"""``python -m bookkeeper_aio.shell``: admin commands (``--help`` lists them).
+
+Exit status: 0 on success, 1 when the command failed (the reason goes to stderr), 2 for usage
+errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..errors import BookKeeperError
+from .sanity import bookie_sanity
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bookkeeper_aio.shell", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sanity = commands.add_parser(
+        "bookie-sanity", help="write, read back and verify a few entries on one bookie"
+    )
+    sanity.add_argument("--bookie", required=True, metavar="HOST:PORT")
+    sanity.add_argument("--entries", type=int, default=10)
+    sanity.add_argument("--entry-size", type=int, default=1024, metavar="BYTES")
+    sanity.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
+    sanity.set_defaults(run=_run_sanity)
+    return parser
+
+
+def _run_sanity(args: argparse.Namespace) -> Awaitable[str]:
+    return bookie_sanity(args.bookie, args.entries, args.entry_size, args.timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    run: Callable[[argparse.Namespace], Awaitable[Any]] = args.run
+    try:
+        result = asyncio.run(run(args))
+    except (BookKeeperError, OSError) as exc:
+        print(f"{args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if result:
+        print(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""The bookie's request handler against the memory engine and a journal the test controls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from bookkeeper_aio.bookie.handler import RequestHandler, to_ranges
+from bookkeeper_aio.bookie.journal import REC_ENTRY, REC_FENCE, REC_MASTER_KEY
+from bookkeeper_aio.config import BookieConfig
+from bookkeeper_aio.digest import LacProof, entry_digest, lac_digest, master_key
+from bookkeeper_aio.errors import StatusCode
+from bookkeeper_aio.protocol import (
+    ADD_FLAG_RECOVERY,
+    READ_FLAG_FENCE,
+    READ_FLAG_LONG_POLL,
+    AddRequest,
+    BookieInfoRequest,
+    ListEntriesRequest,
+    ReadLacRequest,
+    ReadRequest,
+    WriteLacRequest,
+)
+from engines.memory import MemoryEngine
+
+KEY = master_key(b"pw")
+OTHER_KEY = master_key(b"other")
+L = 7
+
+
+class ManualJournal:
+    """Records appends; the test decides when they become durable."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, bytes, Callable[[BaseException | None], None]]] = []
+        self.durable: list[tuple[int, bytes]] = []
+
+    def append(self, rtype: int, body: bytes, callback) -> None:
+        self.pending.append((rtype, body, callback))
+
+    def sync(self, exc: BaseException | None = None) -> None:
+        pending, self.pending = self.pending, []
+        for rtype, body, cb in pending:
+            if exc is None:
+                self.durable.append((rtype, body))
+            cb(exc)
+
+
+class Harness:
+    def __init__(self, **config: object) -> None:
+        self.engine = MemoryEngine()
+        self.journal = ManualJournal()
+        self.handler = RequestHandler(self.engine, self.journal, BookieConfig(**config))
+        self.replies: list = []
+        self.rid = 0
+
+    def send(self, cls, *fields, sync: bool = True):
+        self.rid += 1
+        before = len(self.replies)
+        self.handler.handle(cls(self.rid, *fields), self.replies.append)
+        if sync:
+            self.journal.sync()
+        return self.replies[-1] if len(self.replies) > before else None
+
+    def add(self, entry_id: int, payload: bytes = b"x", *, key=KEY, lac=None, flags=0, **kw):
+        lac = entry_id - 1 if lac is None else lac
+        digest = kw.pop("digest", entry_digest(L, entry_id, lac, payload))
+        return self.send(AddRequest, L, entry_id, flags, key, lac, payload, digest, **kw)
+
+    def read(self, entry_id: int, *, flags=0, key=None, previous_lac=-1, timeout_ms=0, **kw):
+        return self.send(ReadRequest, L, entry_id, flags, key, previous_lac, timeout_ms, **kw)
+
+
+def test_add_is_acknowledged_only_after_the_journal_syncs():
+    h = Harness()
+    assert h.add(0, b"hello", sync=False) is None
+    assert [r for r, _, _ in h.journal.pending] == [REC_MASTER_KEY, REC_ENTRY]
+    h.journal.sync()
+    assert h.replies[-1].status == StatusCode.OK
+    read = h.read(0)
+    assert (read.status, read.payload, read.entry_lac) == (StatusCode.OK, b"hello", -1)
+    assert read.digest == entry_digest(L, 0, -1, b"hello")
+
+
+def test_journal_failure_answers_io_error():
+    h = Harness()
+    h.add(0, sync=False)
+    h.journal.sync(OSError("disk gone"))
+    assert h.replies[-1].status == StatusCode.IO_ERROR
+
+
+def test_digest_mismatch_is_rejected_and_nothing_is_stored():
+    h = Harness()
+    reply = h.add(0, b"payload", digest=entry_digest(L, 0, -1, b"other"))
+    assert reply.status == StatusCode.BAD_DIGEST
+    assert h.engine.get_ledger(L) is None and h.engine.get_entry(L, 0) is None
+    assert h.journal.durable == []
+
+
+def test_master_key_is_set_by_the_first_add_and_checked_afterwards():
+    h = Harness()
+    assert h.add(0).status == StatusCode.OK
+    assert h.add(1, key=OTHER_KEY).status == StatusCode.UNAUTHORIZED
+    assert h.engine.get_entry(L, 1) is None
+    assert h.read(0, flags=READ_FLAG_FENCE, key=OTHER_KEY).status == StatusCode.UNAUTHORIZED
+    assert h.engine.get_ledger(L).fenced is False
+
+
+def test_fence_rejects_normal_adds_but_accepts_recovery_adds():
+    h = Harness()
+    h.add(0)
+    fence = h.send(ReadLacRequest, L, READ_FLAG_FENCE, KEY)
+    assert fence.status == StatusCode.OK and fence.lac_proof.lac == -1
+    assert fence.last_entry_id == 0
+    assert h.add(1).status == StatusCode.FENCED
+    assert h.add(1, flags=ADD_FLAG_RECOVERY).status == StatusCode.OK
+    assert h.engine.get_ledger(L).fenced
+
+
+def test_fence_reply_waits_for_the_journal():
+    h = Harness()
+    h.add(0)
+    assert h.read(0, flags=READ_FLAG_FENCE, key=KEY, sync=False) is None
+    assert [r for r, _, _ in h.journal.pending] == [REC_FENCE]
+    # A second fence before the first is durable also waits.
+    assert h.send(ReadLacRequest, L, READ_FLAG_FENCE, KEY, sync=False) is None
+    h.journal.sync()
+    assert [r.status for r in h.replies[-2:]] == [StatusCode.OK, StatusCode.OK]
+    assert h.replies[-2].payload == b"x"
+    # Now durable: a third fence answers at once, without another journal record.
+    assert h.send(ReadLacRequest, L, READ_FLAG_FENCE, KEY, sync=False).status == StatusCode.OK
+    assert h.journal.pending == []
+
+
+def test_fence_of_an_unknown_ledger_records_it_as_fenced():
+    h = Harness()
+    reply = h.read(0, flags=READ_FLAG_FENCE, key=KEY)
+    assert reply.status == StatusCode.NO_SUCH_ENTRY
+    info = h.engine.get_ledger(L)
+    assert info.fenced and info.master_key == KEY
+    assert h.add(0).status == StatusCode.FENCED
+
+
+def test_explicit_negatives_and_limbo():
+    h = Harness()
+    assert h.read(0).status == StatusCode.NO_SUCH_LEDGER
+    h.add(0)
+    assert h.read(5).status == StatusCode.NO_SUCH_ENTRY
+    done: list = []
+    h.handler.set_limbo(L, KEY, True, done.append)
+    h.journal.sync()
+    assert done == [None]
+    assert h.read(5).status == StatusCode.UNKNOWN  # never an explicit negative in limbo
+    assert h.add(1).status == StatusCode.FENCED  # limbo implies fenced
+    h.handler.set_limbo(L, KEY, False, done.append)
+    assert h.read(5).status == StatusCode.NO_SUCH_ENTRY
+    assert h.engine.get_ledger(L).fenced
+
+
+def test_read_only_rejects_normal_adds_but_accepts_recovery_adds():
+    h = Harness(force_read_only=True)
+    assert h.add(0).status == StatusCode.READ_ONLY
+    assert h.add(0, flags=ADD_FLAG_RECOVERY).status == StatusCode.OK
+    info = h.send(BookieInfoRequest)
+    assert info.read_only is True
+
+
+def test_lac_is_piggybacked_and_explicit():
+    h = Harness()
+    for e in range(3):
+        h.add(e)
+    lac = h.send(ReadLacRequest, L, 0, None)
+    assert lac.lac_proof.lac == 1 and lac.lac_proof.verify(L)
+    bad = h.send(WriteLacRequest, L, KEY, 2, lac_digest(L, 3))
+    assert bad.status == StatusCode.BAD_DIGEST
+    assert h.send(WriteLacRequest, L, KEY, 2, lac_digest(L, 2)).status == StatusCode.OK
+    proof = h.send(ReadLacRequest, L, 0, None).lac_proof
+    assert proof == LacProof.explicit(L, 2) and proof.verify(L)
+    # The cache rebuilt from the engine (a restart) gives the same answer.
+    h2 = RequestHandler(h.engine, ManualJournal(), BookieConfig())
+    replies: list = []
+    h2.handle(ReadLacRequest(1, L, 0, None), replies.append)
+    assert replies[0].lac_proof.lac == 2
+
+
+async def test_long_poll_waits_for_the_lac_to_pass():
+    h = Harness()
+    h.add(0)
+    h.add(1)  # LAC 0
+    parked = h.read(1, flags=READ_FLAG_LONG_POLL, previous_lac=0, timeout_ms=5000)
+    assert parked is None and h.handler.parked == 1
+    h.add(2)  # carries LAC 1: passes previous_lac
+    reply = h.replies[-2]
+    assert (reply.status, reply.entry_id, reply.payload) == (StatusCode.OK, 1, b"x")
+    assert reply.lac_proof.lac == 1 and h.handler.parked == 0
+
+
+async def test_long_poll_times_out_with_an_empty_answer():
+    h = Harness()
+    h.add(0)
+    assert h.read(1, flags=READ_FLAG_LONG_POLL, previous_lac=-1, timeout_ms=10) is None
+    await asyncio.sleep(0.05)
+    reply = h.replies[-1]
+    assert reply.status == StatusCode.OK and reply.payload is None and h.handler.parked == 0
+
+
+async def test_long_polls_are_bounded():
+    h = Harness(long_poll_parked_max=2)
+    h.add(0)
+    for _ in range(2):
+        assert h.read(1, flags=READ_FLAG_LONG_POLL, previous_lac=-1, timeout_ms=60_000) is None
+    refused = h.read(1, flags=READ_FLAG_LONG_POLL, previous_lac=-1, timeout_ms=60_000)
+    assert refused.status == StatusCode.TOO_MANY_REQUESTS
+    h.read(0, flags=READ_FLAG_FENCE, key=KEY)  # a fence releases parked polls
+    assert h.handler.parked == 0
+    assert [r.status for r in h.replies[-3:-1]] == [StatusCode.OK, StatusCode.OK]
+
+
+def test_list_entries_in_ranges_with_pagination():
+    h = Harness(list_entries_max=3)
+    for e in (0, 1, 2, 5, 6, 9):
+        h.add(e, lac=-1)
+    first = h.send(ListEntriesRequest, L, 0, 100)
+    assert first.ranges == [[0, 2]] and first.next_entry_id == 3
+    second = h.send(ListEntriesRequest, L, first.next_entry_id, 100)
+    assert second.ranges == [[5, 6], [9, 9]] and second.next_entry_id == 10
+    third = h.send(ListEntriesRequest, L, 10, 100)
+    assert third.ranges == [] and third.next_entry_id == -1
+    assert h.send(ListEntriesRequest, 99, 0, 10).status == StatusCode.NO_SUCH_LEDGER
+    assert h.send(ListEntriesRequest, L, 0, 0).status == StatusCode.BAD_REQUEST
+
+
+@pytest.mark.parametrize("ids", [[], [3], [1, 2, 3], [1, 3, 4, 8]])
+def test_to_ranges_covers_exactly_the_ids(ids):
+    ranges = to_ranges(ids)
+    assert [i for a, b in ranges for i in range(a, b + 1)] == ids
