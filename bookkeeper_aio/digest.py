@@ -76,9 +76,7 @@ class LacProof(NamedTuple):
 
     def verify(self, ledger_id: int) -> bool:
         """True if the digest matches this header for ``ledger_id``."""
-        return self.digest == header_digest(
-            ledger_id, self.entry_id, self.lac, self.payload_digest
-        )
+        return self.digest == header_digest(ledger_id, self.entry_id, self.lac, self.payload_digest)
 
     @classmethod
     def explicit(cls, ledger_id: int, lac: int) -> LacProof:

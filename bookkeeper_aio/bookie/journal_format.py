@@ -95,9 +95,7 @@ def scan(data: bytes | memoryview, seq: int, start: int = 0) -> ScanResult:
     for rtype, body, end in _records(data, seq, pos):
         records.append(JournalRecord(rtype, body))
         pos = end
-    clean = len(data) - pos < RECORD_HEADER.size or (
-        RECORD_HEADER.unpack_from(data, pos)[0] == 0
-    )
+    clean = len(data) - pos < RECORD_HEADER.size or (RECORD_HEADER.unpack_from(data, pos)[0] == 0)
     return ScanResult(records, pos, clean)
 
 

@@ -1,0 +1,133 @@
+"""The wire codec: round trips, every split point, garbage, limits (hypothesis)."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bookkeeper_aio.digest import LacProof
+from bookkeeper_aio.errors import FrameTooLargeError, ProtocolError
+from bookkeeper_aio.protocol import (
+    AddRequest,
+    AddResponse,
+    BadFrame,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    ErrorResponse,
+    FrameDecoder,
+    HelloRequest,
+    HelloResponse,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    WriteLacRequest,
+    WriteLacResponse,
+    decode_all,
+    encode,
+)
+
+i64 = st.integers(-(2**63), 2**63 - 1)
+u64 = st.integers(0, 2**64 - 1)
+small = st.integers(-1, 2**40)
+text = st.text(max_size=40)
+blob = st.binary(max_size=200)
+proofs = st.none() | st.builds(LacProof, i64, i64, u64, u64)
+ranges = st.lists(st.lists(small, min_size=2, max_size=2), max_size=5)
+
+MESSAGES = st.one_of(
+    st.builds(HelloRequest, i64, i64, text),
+    st.builds(AddRequest, i64, i64, i64, i64, blob, i64, blob, u64),
+    st.builds(ReadRequest, i64, i64, i64, i64, st.none() | blob, i64, i64),
+    st.builds(ReadLacRequest, i64, i64, i64, st.none() | blob),
+    st.builds(WriteLacRequest, i64, i64, blob, i64, u64),
+    st.builds(ListEntriesRequest, i64, i64, i64, i64),
+    st.builds(BookieInfoRequest, i64),
+    st.builds(HelloResponse, i64, i64, i64, text),
+    st.builds(AddResponse, i64, i64, i64, i64),
+    st.builds(ReadResponse, i64, i64, i64, i64, st.none() | i64, st.none() | blob,
+              st.none() | u64, proofs),  # fmt: skip
+    st.builds(ReadLacResponse, i64, i64, i64, proofs, i64),
+    st.builds(WriteLacResponse, i64, i64, i64),
+    st.builds(ListEntriesResponse, i64, i64, i64, ranges, i64),
+    st.builds(BookieInfoResponse, i64, i64, i64, i64, st.booleans(), text),
+    st.builds(ErrorResponse, i64, i64, text),
+)
+
+
+@given(MESSAGES)
+def test_every_message_round_trips(msg):
+    (decoded,) = FrameDecoder(1 << 20).feed(encode(msg))
+    assert decoded == msg and type(decoded) is type(msg)
+
+
+@settings(max_examples=60)
+@given(st.lists(MESSAGES, min_size=1, max_size=6))
+def test_a_stream_cut_at_every_split_point_decodes_the_same(messages):
+    stream = b"".join(encode(m) for m in messages)
+    for cut in range(len(stream) + 1):
+        decoder = FrameDecoder(1 << 20)
+        out = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
+        assert out == messages
+        assert decoder.buffered_bytes == 0
+
+
+@given(st.lists(MESSAGES, min_size=1, max_size=6), st.lists(st.integers(0, 10_000), max_size=8))
+def test_a_stream_cut_at_many_points_decodes_the_same(messages, cuts):
+    stream = b"".join(encode(m) for m in messages)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    decoder = FrameDecoder(1 << 20)
+    out = []
+    for a, b in zip(points, points[1:], strict=False):
+        out += decoder.feed(stream[a:b])
+    assert out == messages
+
+
+def test_oversize_and_zero_length_frames_raise():
+    with pytest.raises(FrameTooLargeError):
+        FrameDecoder(100).feed(struct.pack(">I", 101))
+    with pytest.raises(ProtocolError):
+        FrameDecoder(100).feed(struct.pack(">I", 0))
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+@pytest.mark.parametrize(
+    ("body", "request_id"),
+    [
+        (b"\xc1", -1),  # never-used msgpack byte
+        (msgpack.packb({"op": 2}), -1),  # a map, not an array
+        (msgpack.packb([]), -1),
+        (msgpack.packb([0x42, 9]), 9),  # unknown op
+        (msgpack.packb([2, 9, 1]), 9),  # wrong field count
+        (msgpack.packb([2, 9, 1, 2, 0, "key", -1, b"p", 5]), 9),  # str where bytes belong
+        (msgpack.packb([7, 2**64 - 1]), -1),  # request id out of int64
+        (msgpack.packb([2, 9, 1, 2, 0, b"k", -1, b"p", -5]), 9),  # negative uint64 digest
+        (msgpack.packb([1, 9, 1, b"\xff"]), 9),  # bytes where str belongs
+        (msgpack.packb([7, 9, msgpack.ExtType(1, b"x")]), -1),  # ext types are refused
+        (b"\x91\xd9\x02\xff\xfe", -1),  # non-UTF-8 str
+    ],
+)
+def test_garbage_bodies_become_bad_frames_with_the_request_id(body, request_id):
+    (bad,) = decode_all(frame(body))
+    assert type(bad) is BadFrame and bad.request_id == request_id and bad.reason
+
+
+@given(st.binary(min_size=1, max_size=300))
+def test_arbitrary_bodies_never_raise(body):
+    for item in FrameDecoder(1 << 20).feed(frame(body)):
+        assert isinstance(item, BadFrame) or hasattr(item, "OP")
+
+
+def test_oversize_strings_are_refused():
+    body = msgpack.packb([1, 3, 1, "x" * 70_000])
+    (bad,) = decode_all(frame(body))
+    assert type(bad) is BadFrame
