@@ -45,8 +45,14 @@ async def test_records_are_durable_in_order_and_group_committed(tmp_path):
     order: list[int] = []
     loop = asyncio.get_running_loop()
     done = loop.create_future()
+
+    def durable(exc, i):
+        order.append(i)
+        if i == 1999:
+            done.set_result(1)
+
     for i, (rtype, body) in enumerate(records):
-        j.append(rtype, body, lambda exc, i=i: order.append(i) or (i == 1999 and done.set_result(1)))
+        j.append(rtype, body, lambda exc, i=i: durable(exc, i))
     await done
     stats = j.statistics()
     await j.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import msgpack
@@ -51,8 +52,9 @@ MESSAGES = st.one_of(
     st.builds(BookieInfoRequest, i64),
     st.builds(HelloResponse, i64, i64, i64, text),
     st.builds(AddResponse, i64, i64, i64, i64),
-    st.builds(ReadResponse, i64, i64, i64, i64, st.none() | i64, st.none() | blob,
-              st.none() | u64, proofs),  # fmt: skip
+    st.builds(
+        ReadResponse, i64, i64, i64, i64, st.none() | i64, st.none() | blob, st.none() | u64, proofs
+    ),
     st.builds(ReadLacResponse, i64, i64, i64, proofs, i64),
     st.builds(WriteLacResponse, i64, i64, i64),
     st.builds(ListEntriesResponse, i64, i64, i64, ranges, i64),
@@ -84,7 +86,7 @@ def test_a_stream_cut_at_many_points_decodes_the_same(messages, cuts):
     points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
     decoder = FrameDecoder(1 << 20)
     out = []
-    for a, b in zip(points, points[1:], strict=False):
+    for a, b in itertools.pairwise(points):
         out += decoder.feed(stream[a:b])
     assert out == messages
 
