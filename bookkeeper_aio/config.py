@@ -202,3 +202,18 @@ class ClientConfig(_Config):
     reconnect_backoff_s: float = 0.1  # first wait before reconnecting to a failed bookie
     reconnect_backoff_max_s: float = 5.0
     client_name: str = field(default="bookkeeper-aio")
+
+
+@dataclass(frozen=True)
+class MetadataConfig(_Config):
+    """Timeouts, retries and leases of the metadata store client."""
+
+    call_timeout_s: float = 5.0  # every single call to the store
+    connect_timeout_s: float = 5.0
+    retries_max: int = 5  # for calls that are safe to retry
+    retry_backoff_s: float = 0.05  # first backoff; doubles, jittered
+    retry_backoff_max_s: float = 1.0
+    lease_ttl_s: int = 10  # a killed bookie disappears after this long
+    keepalive_interval_s: float = 3.0  # lease refresh period (well below the TTL)
+    watch_queue_max: int = 1000  # buffered watch events per watcher
+    list_page_max: int = 1000  # keys per page when listing ledgers

@@ -218,3 +218,49 @@ class JournalFailedError(BookKeeperError):
     """The bookie's journal could not write or sync; the bookie stops (fail-stop)."""
 
     code = -12
+
+
+# --- metadata and ledger-level errors -----------------------------------------------------
+
+
+class MetadataVersionError(BookKeeperError):
+    """A compare-and-swap lost: the metadata changed since it was read.
+
+    ``current`` is the value now in the store (a ``Versioned``), or None if it was deleted.
+    """
+
+    code = -17
+
+    def __init__(self, message: str = "", *, current: object = None) -> None:
+        super().__init__(message)
+        self.current = current
+
+
+class MetadataUnavailableError(BookKeeperError):
+    """The metadata store cannot be reached (the message names the endpoints)."""
+
+    code = -18
+
+
+class LedgerClosedError(BookKeeperError):
+    """The ledger is closed: nothing more can be appended."""
+
+    code = -11
+
+
+class NotEnoughBookiesError(BookKeeperError):
+    """Too few writable bookies satisfy the ensemble and placement constraints."""
+
+    code = -6
+
+
+class LedgerRecoveryError(BookKeeperError):
+    """Recovery could not decide the ledger's end (retry later; nothing was truncated)."""
+
+    code = -10
+
+
+class ReadError(BookKeeperError):
+    """No replica could return a good copy of an entry."""
+
+    code = -1

@@ -1,0 +1,199 @@
+"""Ledger metadata as pure values: the state machine, validation, segments, JSON.
+
+Theory of operation
+-------------------
+A ledger's metadata is an immutable :class:`LedgerMetadata`. Every change is a pure transform
+(:meth:`~LedgerMetadata.with_ensemble_change`, :meth:`~LedgerMetadata.in_recovery`,
+:meth:`~LedgerMetadata.closed`) that returns a new value; the store writes it with a
+compare-and-swap on the version it was read at (``store.update_ledger``), so two clients can
+never both believe their change won. State changes go through :data:`TRANSITIONS`; anything
+else raises, because an illegal transition (say, reopening a CLOSED ledger) is a safety bug.
+
+Ensembles are segments: ``((first_entry_id, (bookie, ...)), ...)`` sorted by first entry id.
+Entry ``e`` lives on the ensemble of the last segment whose first entry id is ``<= e``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from ..digest import DIGEST_TYPE
+from ..errors import IncorrectParameterError
+
+T = TypeVar("T")
+Ensemble = tuple[str, ...]
+Segment = tuple[int, Ensemble]
+
+
+class Versioned(NamedTuple, Generic[T]):
+    """A value and the store version it was read at (etcd's mod_revision)."""
+
+    value: T
+    version: int
+
+
+class LedgerState(enum.Enum):
+    """A ledger's lifecycle state in the metadata store."""
+
+    OPEN = "OPEN"
+    IN_RECOVERY = "IN_RECOVERY"
+    CLOSED = "CLOSED"
+
+
+TRANSITIONS: frozenset[tuple[LedgerState, LedgerState]] = frozenset(
+    {
+        (LedgerState.OPEN, LedgerState.OPEN),  # ensemble changes by the writer
+        (LedgerState.OPEN, LedgerState.IN_RECOVERY),  # a recoverer takes over
+        (LedgerState.OPEN, LedgerState.CLOSED),  # the writer closes
+        (LedgerState.IN_RECOVERY, LedgerState.IN_RECOVERY),  # a second recoverer
+        (LedgerState.IN_RECOVERY, LedgerState.CLOSED),  # recovery finishes
+    }
+)
+
+
+class IllegalLedgerTransitionError(IncorrectParameterError):
+    """A metadata change the ledger state machine forbids (e.g. changing a CLOSED ledger)."""
+
+
+def password_hash(password: bytes) -> str:
+    """What the metadata keeps of a password: lets a client reject a wrong one early."""
+    return hashlib.sha256(b"bookkeeper-aio:" + password).hexdigest()
+
+
+@dataclass(frozen=True)
+class LedgerMetadata:
+    """One ledger's metadata (see the module docstring)."""
+
+    ledger_id: int
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+    ensembles: tuple[Segment, ...]
+    state: LedgerState = LedgerState.OPEN
+    last_entry_id: int = -1
+    length: int = 0
+    digest_type: str = DIGEST_TYPE
+    password_hash: str = ""
+    ctime_ms: int = 0
+    custom_metadata: dict[str, bytes] = field(default_factory=dict)
+    creator_token: str = ""
+
+    def __post_init__(self) -> None:
+        validate_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
+        if not self.ensembles or self.ensembles[0][0] != 0:
+            raise IncorrectParameterError("the first segment must start at entry 0")
+        firsts = [first for first, _ in self.ensembles]
+        if firsts != sorted(set(firsts)):
+            raise IncorrectParameterError(f"segments out of order: {firsts}")
+        for first, ensemble in self.ensembles:
+            if len(ensemble) != self.ensemble_size or len(set(ensemble)) != len(ensemble):
+                raise IncorrectParameterError(
+                    f"segment at {first} needs {self.ensemble_size} distinct bookies: {ensemble}"
+                )
+
+    # --- queries --------------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state is LedgerState.CLOSED
+
+    def ensemble_at(self, entry_id: int) -> Ensemble:
+        """The ensemble that stores ``entry_id``."""
+        found = self.ensembles[0][1]
+        for first, ensemble in self.ensembles:
+            if first > entry_id:
+                break
+            found = ensemble
+        return found
+
+    def last_ensemble(self) -> Segment:
+        """(first entry id, ensemble) of the last segment."""
+        return self.ensembles[-1]
+
+    def bookies(self) -> list[str]:
+        """Every bookie that appears in any segment, sorted."""
+        return sorted({b for _, ensemble in self.ensembles for b in ensemble})
+
+    # --- transforms -----------------------------------------------------------------------
+
+    def _moved(self, state: LedgerState, **changes: Any) -> LedgerMetadata:
+        if (self.state, state) not in TRANSITIONS:
+            raise IllegalLedgerTransitionError(
+                f"ledger {self.ledger_id}: {self.state.value} -> {state.value} is not allowed"
+            )
+        return dataclasses.replace(self, state=state, **changes)
+
+    def with_ensemble_change(self, first_entry_id: int, ensemble: Ensemble) -> LedgerMetadata:
+        """A new last segment from ``first_entry_id`` (replacing one that starts there)."""
+        last_first, _ = self.ensembles[-1]
+        if first_entry_id < last_first:
+            raise IncorrectParameterError(
+                f"segment at {first_entry_id} would precede the last one at {last_first}"
+            )
+        kept = self.ensembles[:-1] if first_entry_id == last_first else self.ensembles
+        return self._moved(self.state, ensembles=(*kept, (first_entry_id, tuple(ensemble))))
+
+    def in_recovery(self) -> LedgerMetadata:
+        """Marked IN_RECOVERY (a recoverer owns it; the writer's changes will conflict)."""
+        return self._moved(LedgerState.IN_RECOVERY)
+
+    def closed(self, last_entry_id: int, length: int) -> LedgerMetadata:
+        """CLOSED at ``last_entry_id``; segments past it are dropped (never used)."""
+        segments = tuple(s for s in self.ensembles if s[0] <= max(last_entry_id, 0))
+        return self._moved(
+            LedgerState.CLOSED, last_entry_id=last_entry_id, length=length, ensembles=segments
+        )
+
+    # --- JSON -----------------------------------------------------------------------------
+
+    def to_json_bytes(self) -> bytes:
+        """Readable JSON (what ``etcdctl get`` shows); bytes values are base64."""
+        doc = dataclasses.asdict(self)
+        doc["state"] = self.state.value
+        doc["ensembles"] = [{"first_entry_id": f, "bookies": list(e)} for f, e in self.ensembles]
+        doc["custom_metadata"] = {
+            k: base64.b64encode(v).decode() for k, v in sorted(self.custom_metadata.items())
+        }
+        doc["format_version"] = 1
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def from_json_bytes(cls, data: bytes) -> LedgerMetadata:
+        """Inverse of :meth:`to_json_bytes`.
+
+        Raises:
+            ValueError: not valid ledger metadata JSON.
+        """
+        try:
+            doc = json.loads(data)
+            if doc.pop("format_version", 1) != 1:
+                raise ValueError("unknown metadata format version")
+            doc["state"] = LedgerState(doc["state"])
+            doc["ensembles"] = tuple(
+                (int(s["first_entry_id"]), tuple(s["bookies"])) for s in doc["ensembles"]
+            )
+            doc["custom_metadata"] = {
+                k: base64.b64decode(v) for k, v in doc["custom_metadata"].items()
+            }
+            return cls(**doc)
+        except (KeyError, TypeError, json.JSONDecodeError, IncorrectParameterError) as exc:
+            raise ValueError(f"invalid ledger metadata: {exc}") from exc
+
+
+def validate_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
+    """Check E >= WQ >= AQ >= 1.
+
+    Raises:
+        IncorrectParameterError: they do not hold.
+    """
+    if not ensemble_size >= write_quorum >= ack_quorum >= 1:
+        raise IncorrectParameterError(
+            f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
+            f"{ensemble_size}, {write_quorum}, {ack_quorum}"
+        )
