@@ -160,6 +160,11 @@ class BookieConfig(_Config):
     disk_usage_lwm_threshold: float = 0.90  # writable again below this
     force_read_only: bool = False
 
+    # Metadata store: registration, cookies (none: the bookie runs unregistered).
+    metadata_uri: str | None = None  # etcd://HOST:PORT[,...]/ROOT or memory://NAME
+    rack: str | None = None  # network location for placement, e.g. "/zone-a/rack-1"
+    lease_ttl_s: int = 10  # a bookie killed with kill -9 disappears after this long
+
     list_entries_max: int = 100_000  # entry ids per LIST_ENTRIES answer
     shutdown_timeout_s: float = 30.0
 

@@ -17,7 +17,8 @@ from typing import Any
 import uvloop
 
 from ..config import BookieConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, MetadataUnavailableError
+from .cookie import CookieError
 from .server import Bookie
 
 log = logging.getLogger("bookkeeper_aio.bookie")
@@ -31,6 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--journal-dir", metavar="DIR")
     p.add_argument("--ledger-dir", metavar="DIR", action="append", help="repeatable")
     p.add_argument("--engine", choices=("rocksdb", "files", "memory"))
+    p.add_argument("--metadata", metavar="URI", dest="metadata_uri",
+                   help="etcd://HOST:PORT[,...]/ROOT: register, check cookies")  # fmt: skip
+    p.add_argument("--rack", metavar="LOCATION", help="network location, e.g. /zone-a/rack-1")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                    help="any other config key (TOML value syntax), repeatable")  # fmt: skip
     p.add_argument("--log-level", default="INFO")
@@ -44,7 +48,7 @@ def build_config(args: argparse.Namespace) -> BookieConfig:
         ConfigError: unknown keys, wrong types, invalid values.
     """
     overrides: dict[str, Any] = {}
-    for name in ("listen", "advertised_address", "journal_dir", "engine"):
+    for name in ("listen", "advertised_address", "journal_dir", "engine", "metadata_uri", "rack"):
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value
@@ -102,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return uvloop.run(run(config))
+    except (CookieError, MetadataUnavailableError) as exc:
+        print(f"bookie: refusing to start: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"bookie: cannot start: {exc}", file=sys.stderr)
         return 1

@@ -30,10 +30,12 @@ from pathlib import Path
 
 from engines import open_engine
 
-from ..config import BookieConfig
+from ..config import BookieConfig, MetadataConfig
 from ..engine import Engine
+from ..metadata.store import BookieRegistration, MetadataStore, open_metadata_store
 from ..net import Network, Server, TcpNetwork
 from .connection import BookieConnection
+from .cookie import check_cookies
 from .disk import disk_usage, next_read_only
 from .handler import RequestHandler
 from .journal import Journal
@@ -67,6 +69,10 @@ class Bookie:
         self._tasks: list[asyncio.Task[None]] = []
         self._journal_full = False
         self._stop_task: asyncio.Task[None] | None = None
+        self._exit_stack = contextlib.AsyncExitStack()
+        self.metadata: MetadataStore | None = None
+        self.instance_id: str | None = None
+        self._registration: BookieRegistration | None = None
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -100,6 +106,13 @@ class Bookie:
         """
         cfg = self.config
         await asyncio.to_thread(_make_dirs, (cfg.journal_dir, *cfg.ledger_dirs))
+        if cfg.metadata_uri:
+            mcfg = MetadataConfig(lease_ttl_s=cfg.lease_ttl_s,
+                                  keepalive_interval_s=max(0.5, cfg.lease_ttl_s / 4))  # fmt: skip
+            self.metadata = await self._exit_stack.enter_async_context(
+                open_metadata_store(cfg.metadata_uri, mcfg)
+            )
+            self.instance_id = await check_cookies(cfg, self.metadata)
         if self._engine is None:
             self._engine = await asyncio.to_thread(open_engine, cfg.engine, cfg.ledger_dirs)
         journal = self._journal = Journal(
@@ -111,6 +124,10 @@ class Bookie:
         await journal.checkpoint(self._engine.sync)
         await self._check_disks()
         self._server = await self.network.start_server(lambda: BookieConnection(self), cfg.listen)
+        if self.metadata is not None:
+            self._registration = await self.metadata.register_bookie(
+                cfg.bookie_id, cfg.bookie_id, cfg.rack, self.handler.read_only
+            )
         self._tasks = [
             asyncio.create_task(self._checkpoint_loop(), name="bookie-checkpoint"),
             asyncio.create_task(self._disk_loop(), name="bookie-disk-monitor"),
@@ -181,6 +198,8 @@ class Bookie:
                 100 * usage.used_fraction_max,
             )  # fmt: skip
             handler.read_only = read_only
+            if self._registration is not None:
+                await self._registration.update(read_only=read_only)
 
     # --- failure and shutdown -------------------------------------------------------------
 
@@ -212,6 +231,11 @@ class Bookie:
 
     async def _stop(self) -> None:
         assert self._server is not None
+        if self._registration is not None:
+            try:  # first, so that clients stop choosing this bookie
+                await self._registration.unregister()
+            except Exception as exc:
+                log.warning("could not unregister (the lease will expire): %s", exc)
         self._server.close()
         for conn in list(self.connections):
             conn.pause_reading("shutdown")
@@ -225,6 +249,7 @@ class Bookie:
         for conn in list(self.connections):
             conn.close()
         await self._server.wait_closed()
+        await self._exit_stack.aclose()
         log.info("bookie %s stopped", self.config.bookie_id)
 
     async def _shutdown_storage(self) -> None:

@@ -12,13 +12,24 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import BookKeeperError
+from ..errors import BookKeeperError, ConfigError
+from . import cluster
 from .sanity import bookie_sanity
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bookkeeper_aio.shell", description=__doc__)
+    parser.add_argument("--metadata", metavar="URI", help="etcd://HOST:PORT[,...]/ROOT")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in (
+        ("init-cluster", "create the cluster's instance id (idempotent)"),
+        ("list-bookies", "registered bookies: id, rack, writable or read-only"),
+        ("list-ledgers", "every ledger id"),
+    ):
+        commands.add_parser(name, help=text).set_defaults(run=_metadata_command)
+    meta = commands.add_parser("ledger-metadata", help="one ledger's metadata as JSON")
+    meta.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
+    meta.set_defaults(run=_metadata_command)
     sanity = commands.add_parser(
         "bookie-sanity", help="write, read back and verify a few entries on one bookie"
     )
@@ -32,6 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_sanity(args: argparse.Namespace) -> Awaitable[str]:
     return bookie_sanity(args.bookie, args.entries, args.entry_size, args.timeout)
+
+
+async def _metadata_command(args: argparse.Namespace) -> str:
+    if not args.metadata:
+        raise ConfigError(f"{args.command} needs --metadata URI (before the command)")
+    if args.command == "init-cluster":
+        return await cluster.init_cluster(args.metadata)
+    if args.command == "list-bookies":
+        return await cluster.list_bookies(args.metadata)
+    if args.command == "list-ledgers":
+        return await cluster.list_ledgers(args.metadata)
+    return await cluster.ledger_metadata(args.metadata, args.ledger_id)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,48 @@
+"""Cluster admin commands on the metadata store: init-cluster, list-bookies, list-ledgers,
+ledger-metadata. Each returns the text to print (JSON where a script may parse it)."""
+
+from __future__ import annotations
+
+import json
+
+from ..metadata.store import open_metadata_store
+
+
+async def init_cluster(uri: str) -> str:
+    """Create the cluster's instance id (idempotent)."""
+    async with open_metadata_store(uri) as store:
+        existed = await store.get_instance_id()
+        instance_id = await store.init_cluster()
+    state = "already initialized" if existed else "initialized"
+    return f"cluster {state}: instance id {instance_id}"
+
+
+async def list_bookies(uri: str) -> str:
+    """Registered bookies, one per line: id, rack, writable/read-only."""
+    async with open_metadata_store(uri) as store:
+        bookies = await store.list_bookies()
+    lines = [
+        f"{b.bookie_id}\t{b.rack or '-'}\t{'read-only' if b.read_only else 'writable'}"
+        for b in bookies.values()
+    ]
+    return "\n".join(lines) if lines else "no bookies registered"
+
+
+async def list_ledgers(uri: str) -> str:
+    """Every ledger id, one per line."""
+    async with open_metadata_store(uri) as store:
+        ids = [str(i) async for i in store.list_ledgers()]
+    return "\n".join(ids) if ids else "no ledgers"
+
+
+async def ledger_metadata(uri: str, ledger_id: int) -> str:
+    """One ledger's metadata as indented JSON (with its version).
+
+    Raises:
+        NoSuchLedgerError: no such ledger.
+    """
+    async with open_metadata_store(uri) as store:
+        versioned = await store.read_ledger(ledger_id)
+    doc = json.loads(versioned.value.to_json_bytes())
+    doc["version"] = versioned.version
+    return json.dumps(doc, indent=2, sort_keys=True)
