@@ -1,0 +1,57 @@
+"""bookkeeper-aio: an asyncio re-implementation of Apache BookKeeper.
+
+from bookkeeper_aio import BookKeeper
+async with BookKeeper.connect("etcd://127.0.0.1:2379/bookkeeper") as bk:
+    w = await bk.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2, password=b"pw")
+    await w.append(b"payload")
+"""
+
+from .client.bookkeeper import BookKeeper
+from .client.context import LedgerEntry
+from .client.reader import LedgerReader
+from .client.writer import LedgerWriter
+from .config import BookieConfig, ClientConfig, MetadataConfig
+from .errors import (
+    BadDigestError,
+    BookieUnavailableError,
+    BookKeeperError,
+    ClientClosedError,
+    IncorrectParameterError,
+    LedgerClosedError,
+    LedgerFencedError,
+    LedgerRecoveryError,
+    MetadataUnavailableError,
+    MetadataVersionError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    OperationTimeoutError,
+    ReadError,
+    UnauthorizedError,
+)
+
+__all__ = [
+    "BadDigestError",
+    "BookKeeper",
+    "BookKeeperError",
+    "BookieConfig",
+    "BookieUnavailableError",
+    "ClientClosedError",
+    "ClientConfig",
+    "IncorrectParameterError",
+    "LedgerClosedError",
+    "LedgerEntry",
+    "LedgerFencedError",
+    "LedgerReader",
+    "LedgerRecoveryError",
+    "LedgerWriter",
+    "MetadataConfig",
+    "MetadataUnavailableError",
+    "MetadataVersionError",
+    "NoSuchEntryError",
+    "NoSuchLedgerError",
+    "NotEnoughBookiesError",
+    "OperationTimeoutError",
+    "ReadError",
+    "UnauthorizedError",
+]

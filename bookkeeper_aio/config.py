@@ -207,6 +207,17 @@ class ClientConfig(_Config):
     reconnect_backoff_s: float = 0.1  # first wait before reconnecting to a failed bookie
     reconnect_backoff_max_s: float = 5.0
     client_name: str = field(default="bookkeeper-aio")
+    # Ledger handles.
+    adds_pending_max: int = 10_000  # per writer; past it append() waits (backpressure)
+    explicit_lac_interval_s: float = 0.5  # idle writer sends its LAC so tailers see the end
+    ensemble_changes_max: int = 1_000  # per writer, then the handle fails
+    metadata_retries_max: int = 20  # compare-and-swap attempts per metadata change
+    speculative_read_timeout_s: float = 0.5  # then the read also goes to the next replica
+    long_poll_timeout_ms: int = 5_000  # a tailer's wait for the LAC to move
+    recovery_reads_parallel_max: int = 64  # entries read ahead during recovery
+    close_timeout_s: float = 30.0  # waiting for pending adds before a close gives up
+    min_racks_per_write_quorum: int = 1  # >1: rack-aware placement
+    strict_placement: bool = False  # BP-31: fail rather than under-spread a write set
 
 
 @dataclass(frozen=True)

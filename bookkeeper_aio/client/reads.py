@@ -1,0 +1,123 @@
+"""Reading entries and LACs from bookies: replicas, speculation, digest checks. Shared by the
+reader and by recovery.
+
+Theory of operation
+-------------------
+An entry lives on its write set. :func:`read_entry` asks the first replica; if no good answer
+came within ``speculative_read_timeout_s`` it also asks the next one, and so on; a failed or
+corrupt answer moves on at once. Every copy's digest is recomputed ("assert twice"): a mismatch
+counts as a failed replica, never as data. The result is the first good copy, or an error that
+keeps BookKeeper's distinction: NoSuchEntryError only if *every* replica gave an explicit
+negative, otherwise ReadError (unknown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+from ..digest import LacProof, entry_digest
+from ..errors import BookKeeperError, NoSuchEntryError, ReadError, StatusCode, is_explicit_negative
+from ..metadata.model import LedgerMetadata
+from ..protocol import READ_FLAG_FENCE, READ_FLAG_LONG_POLL, ReadRequest, ReadResponse
+from ..quorum import write_set
+from .context import ClientContext, LedgerEntry
+
+
+def entry_ok(ledger_id: int, response: Any) -> bool:
+    """True if ``response`` is an OK read whose payload matches its digest."""
+    return (
+        type(response) is ReadResponse
+        and response.status == StatusCode.OK
+        and response.payload is not None
+        and response.digest
+        == entry_digest(ledger_id, response.entry_id, response.entry_lac, response.payload)
+    )
+
+
+def proof_lac(ledger_id: int, proof: LacProof | None) -> int:
+    """The LAC a bookie's proof carries, or -1 if absent or corrupt."""
+    return proof.lac if proof is not None and proof.verify(ledger_id) else -1
+
+
+async def request(ctx: ClientContext, bookie: str, msg_type: type, *fields: Any, **kw: Any) -> Any:
+    """One request to one bookie; the response (any status) or the exception."""
+    try:
+        client = await ctx.pool.get(bookie)
+        return await client.request(msg_type, *fields, **kw)
+    except BookKeeperError as exc:
+        return exc
+
+
+def replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
+    """The bookies holding ``entry_id``, in write-set order."""
+    ensemble = md.ensemble_at(entry_id)
+    return [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)]
+
+
+async def read_entry(ctx: ClientContext, md: LedgerMetadata, entry_id: int) -> LedgerEntry:
+    """A verified copy of ``entry_id`` (see the module docstring).
+
+    Raises:
+        NoSuchEntryError: every replica says it does not have the entry.
+        ReadError: no good copy, and not every answer was an explicit negative.
+    """
+    lid = md.ledger_id
+    fields = (lid, entry_id, 0, None, -1, 0)
+    remaining = collections.deque(replicas(md, entry_id))
+    pending: set[asyncio.Future[Any]] = set()
+    negatives = 0
+
+    def ask_next() -> None:
+        bookie = remaining.popleft()
+        pending.add(asyncio.ensure_future(request(ctx, bookie, ReadRequest, *fields)))
+
+    ask_next()
+    try:
+        while pending:
+            timeout = ctx.config.speculative_read_timeout_s if remaining else None
+            done, pending = await asyncio.wait(
+                pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                ask_next()  # slow replica: speculate on the next one
+                continue
+            for task in done:
+                result = task.result()
+                if entry_ok(lid, result):
+                    return LedgerEntry(entry_id, result.payload)
+                status = getattr(result, "status", None)
+                negatives += status is not None and is_explicit_negative(status)
+            if remaining:
+                ask_next()  # a failed or corrupt answer moves on at once
+    finally:
+        for task in pending:
+            task.cancel()
+    if negatives == md.write_quorum:
+        raise NoSuchEntryError(f"ledger {lid}: no replica has entry {entry_id}")
+    raise ReadError(f"ledger {lid}: no good copy of entry {entry_id}")
+
+
+async def long_poll(
+    ctx: ClientContext, md: LedgerMetadata, previous_lac: int
+) -> tuple[int, LedgerEntry | None]:
+    """Wait (bounded) for the LAC to pass ``previous_lac`` on a replica of the next entry.
+
+    Returns the new LAC seen (maybe unchanged) and the next entry if the bookie sent it.
+    """
+    entry_id = previous_lac + 1
+    timeout_ms = ctx.config.long_poll_timeout_ms
+    fields = (md.ledger_id, entry_id, READ_FLAG_LONG_POLL, None, previous_lac, timeout_ms)
+    timeout_s = timeout_ms / 1000 + ctx.config.request_timeout_s
+    for bookie in replicas(md, entry_id):
+        result = await request(ctx, bookie, ReadRequest, *fields, timeout_s=timeout_s)
+        if type(result) is ReadResponse and result.status == StatusCode.OK:
+            lac = proof_lac(md.ledger_id, result.lac_proof)
+            ok = entry_ok(md.ledger_id, result)
+            entry = LedgerEntry(entry_id, result.payload) if ok else None
+            return max(lac, previous_lac), entry
+    return previous_lac, None
+
+
+__all__ = ["READ_FLAG_FENCE", "entry_ok", "long_poll", "proof_lac", "read_entry", "replicas"]

@@ -1,0 +1,309 @@
+"""The writer's handle: striped adds acknowledged in order, the LAC, ensemble changes, close.
+
+Theory of operation
+-------------------
+:meth:`LedgerWriter.append_nowait` gives the payload the next entry id, computes its digest over
+(ledger, entry, LAC so far, payload) and sends it to the entry's write set; each bookie's answer
+feeds the entry's :class:`~bookkeeper_aio.quorum.AckSet`. Entries complete strictly in order:
+an entry's future resolves only when it *and every earlier entry* reached the ack quorum, and
+the LAC advances with it. At most ``adds_pending_max`` entries are pending; :meth:`append`
+waits for room (backpressure, bounded memory).
+
+A bookie that fails an add (error, timeout, lost connection, read-only) is replaced by the
+ensemble-change coroutine: replacements come from the placement policy, and the metadata gets
+a new segment starting at LAC + 1 through a compare-and-swap; then every pending add is re-sent
+to the replacements. Failures during a change are queued and handled by the next round. If the
+CAS finds the ledger CLOSED every pending add fails with LedgerClosedError, if IN_RECOVERY with
+LedgerFencedError — as does a FENCED answer from any bookie: another client is recovering the
+ledger and this writer must stop.
+
+After ``explicit_lac_interval_s`` without adds, the writer sends its LAC to the ensemble
+(WRITE_LAC) so tailing readers see the last entry. :meth:`close` drains pending adds and CASes
+the metadata to CLOSED at the LAC; it succeeds if the metadata already says exactly that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any
+
+from ..digest import LacProof, entry_digest
+from ..errors import (
+    BookKeeperError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataVersionError,
+    StatusCode,
+    UnauthorizedError,
+)
+from ..metadata.model import LedgerMetadata, LedgerState, Versioned
+from ..metadata.store import update_ledger
+from ..protocol import AddRequest, AddResponse, WriteLacRequest
+from ..quorum import AckSet, write_set
+from .context import ClientContext
+
+log = logging.getLogger(__name__)
+
+
+class _PendingAdd:
+    __slots__ = ("ack_set", "digest", "entry_id", "future", "lac", "payload")
+
+    def __init__(self, entry_id: int, lac: int, payload: bytes, digest: int, ack_set: AckSet):
+        self.entry_id, self.lac, self.payload, self.digest = entry_id, lac, payload, digest
+        self.ack_set = ack_set
+        self.future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+
+class LedgerWriter:
+    """A ledger opened for writing by :meth:`BookKeeper.create_ledger`."""
+
+    def __init__(self, ctx: ClientContext, versioned: Versioned, master_key: bytes) -> None:
+        self.ctx = ctx
+        self._versioned = versioned
+        md: LedgerMetadata = versioned.value
+        self.ledger_id = md.ledger_id
+        self._key = master_key
+        self._ensemble = list(md.last_ensemble()[1])
+        self._e, self._wq, self._aq = md.ensemble_size, md.write_quorum, md.ack_quorum
+        self.last_add_confirmed = -1
+        self.last_add_pushed = -1
+        self.length = 0
+        self._pending: collections.deque[_PendingAdd] = collections.deque()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._failed_bookies: dict[int, str] = {}  # index -> bookie awaiting replacement
+        self._changing: set[int] = set()
+        self._change_task: asyncio.Task[None] | None = None
+        self._ensemble_changes = 0
+        self._lac_sent = -1  # highest LAC that reached the bookies (piggybacked or explicit)
+        self._idle = True
+        self._lac_task = asyncio.get_running_loop().create_task(self._explicit_lac_loop())
+
+    # --- public API -----------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._versioned.value
+
+    def append_nowait(self, payload: bytes) -> asyncio.Future[int]:
+        """Send an entry now; a future of its entry id, resolved in entry order.
+
+        Raises:
+            LedgerClosedError: the handle is closed.
+            LedgerFencedError / another BookKeeperError: the handle failed earlier.
+            TooManyPendingError (a BookKeeperError): ``adds_pending_max`` adds are pending;
+                use :meth:`append`, which waits for room.
+        """
+        self._check_open()
+        if len(self._pending) >= self.ctx.config.adds_pending_max:
+            raise BookKeeperError(f"{len(self._pending)} adds pending; await append() instead")
+        entry_id = self.last_add_pushed + 1
+        self.last_add_pushed = entry_id
+        lac = self.last_add_confirmed
+        digest = entry_digest(self.ledger_id, entry_id, lac, payload)
+        ack_set = AckSet(write_set(entry_id, self._e, self._wq), self._aq)
+        op = _PendingAdd(entry_id, lac, payload, digest, ack_set)
+        self._pending.append(op)
+        if len(self._pending) >= self.ctx.config.adds_pending_max:
+            self._room.clear()
+        for index in ack_set.write_set:
+            self._send(op, index)
+        self._idle = False
+        self._lac_sent = max(self._lac_sent, lac)
+        return op.future
+
+    async def append(self, payload: bytes) -> int:
+        """Append an entry; return its id once it and every earlier entry are acknowledged.
+
+        Raises:
+            LedgerClosedError, LedgerFencedError, NotEnoughBookiesError, UnauthorizedError, ...
+        """
+        while len(self._pending) >= self.ctx.config.adds_pending_max:
+            self._check_open()
+            await self._room.wait()
+        return await self.append_nowait(payload)
+
+    async def close(self) -> None:
+        """Drain pending adds, then CAS the metadata to CLOSED at the LAC.
+
+        Raises:
+            MetadataVersionError: another client closed the ledger at a different entry.
+            LedgerFencedError: a recoverer owns the ledger.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        pending = [op.future for op in self._pending]
+        if pending:
+            await asyncio.wait(pending, timeout=self.ctx.config.close_timeout_s)
+        self._lac_task.cancel()
+        if self._change_task is not None:
+            await asyncio.gather(self._change_task, return_exceptions=True)
+        self._fail_pending(LedgerClosedError(f"ledger {self.ledger_id} closed"))
+        lac, length = self.last_add_confirmed, self.length
+
+        def close_at_lac(v: Versioned) -> LedgerMetadata | None:
+            md: LedgerMetadata = v.value
+            if md.state is LedgerState.CLOSED:
+                if md.last_entry_id == lac and md.length in (length, -1):
+                    return None  # already closed exactly there
+                raise MetadataVersionError(
+                    f"ledger {self.ledger_id} was closed by another client at entry "
+                    f"{md.last_entry_id}, not {lac}",
+                    current=v,
+                )
+            if md.state is LedgerState.IN_RECOVERY:
+                raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered")
+            return md.closed(lac, length)
+
+        self._versioned = await update_ledger(
+            self.ctx.metadata, self.ledger_id, close_at_lac,
+            self.ctx.config.metadata_retries_max, current=self._versioned,
+        )  # fmt: skip
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "pending_adds": len(self._pending),
+            "last_add_confirmed": self.last_add_confirmed,
+            "ensemble_changes": self._ensemble_changes,
+            "ensemble": list(self._ensemble),
+        }
+
+    # --- sending and acknowledgements -----------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self._closed:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
+
+    def _send(self, op: _PendingAdd, index: int) -> None:
+        if index in self._changing:
+            return  # re-sent to the replacement once the ensemble change is committed
+        bookie = self._ensemble[index]
+        fields = (self.ledger_id, op.entry_id, 0, self._key, op.lac, op.payload, op.digest)
+        self.ctx.pool.send(
+            bookie, AddRequest, *fields, callback=lambda r: self._on_add(op, index, bookie, r)
+        )
+
+    def _on_add(self, op: _PendingAdd, index: int, bookie: str, result: Any) -> None:
+        if op.future.done() or self._ensemble[index] != bookie:
+            return  # completed already, or an answer from a bookie that was replaced
+        if type(result) is AddResponse and result.status == StatusCode.OK:
+            if op.ack_set.add(index):
+                self._complete_in_order()
+            return
+        status = getattr(result, "status", None)
+        if status == StatusCode.FENCED:
+            self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recoverer"))
+        elif status == StatusCode.UNAUTHORIZED:
+            self._fail(UnauthorizedError(f"bookie {bookie} refused our key for {self.ledger_id}"))
+        else:
+            why = result if isinstance(result, BaseException) else StatusCode(status).name
+            log.info("ledger %d: bookie %s failed an add (%s)", self.ledger_id, bookie, why)
+            self._bookie_failed(index, bookie)
+
+    def _complete_in_order(self) -> None:
+        pending = self._pending
+        while pending and pending[0].ack_set.completed:
+            op = pending.popleft()
+            assert op.entry_id == self.last_add_confirmed + 1  # ordered completion
+            self.last_add_confirmed = op.entry_id
+            self.length += len(op.payload)
+            if not op.future.done():
+                op.future.set_result(op.entry_id)
+        if len(pending) < self.ctx.config.adds_pending_max:
+            self._room.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failed is None:
+            self._failed = exc
+        self._fail_pending(exc)
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        pending, self._pending = list(self._pending), collections.deque()
+        for op in pending:
+            if not op.future.done():
+                op.future.set_exception(exc)
+                op.future.exception()  # the caller may have dropped it: not "never retrieved"
+        self._room.set()
+
+    # --- ensemble change ------------------------------------------------------------------
+
+    def _bookie_failed(self, index: int, bookie: str) -> None:
+        if index in self._failed_bookies or self._failed is not None:
+            return
+        self._failed_bookies[index] = bookie
+        if self._change_task is None or self._change_task.done():
+            self._change_task = asyncio.get_running_loop().create_task(self._change_ensemble())
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self._failed_bookies and self._failed is None:
+                failed = dict(self._failed_bookies)
+                self._changing |= set(failed)
+                await self._replace(failed)
+                for index in failed:
+                    self._failed_bookies.pop(index, None)
+                self._changing -= set(failed)
+                self._resend(failed)
+        except BookKeeperError as exc:
+            log.warning("ledger %d: ensemble change failed: %s", self.ledger_id, exc)
+            self._fail(exc)
+
+    async def _replace(self, failed: dict[int, str]) -> None:
+        self._ensemble_changes += 1
+        if self._ensemble_changes > self.ctx.config.ensemble_changes_max:
+            raise BookKeeperError(f"ledger {self.ledger_id}: too many ensemble changes")
+        bookies = (await self.ctx.metadata.list_bookies()).values()
+        new = list(self._ensemble)
+        exclude = set(failed.values())
+        for index in sorted(failed):
+            new[index] = self.ctx.placement.replace_bookie(
+                new, index, self._wq, bookies, self.ctx.rng, exclude
+            )
+
+        def add_segment(v: Versioned) -> LedgerMetadata:
+            md: LedgerMetadata = v.value
+            if md.state is LedgerState.CLOSED:
+                raise LedgerClosedError(f"ledger {self.ledger_id} was closed by another client")
+            if md.state is LedgerState.IN_RECOVERY:
+                raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered")
+            return md.with_ensemble_change(self.last_add_confirmed + 1, tuple(new))
+
+        self._versioned = await update_ledger(
+            self.ctx.metadata, self.ledger_id, add_segment,
+            self.ctx.config.metadata_retries_max, current=self._versioned,
+        )  # fmt: skip
+        log.info("ledger %d: ensemble %s -> %s", self.ledger_id, self._ensemble, new)
+        self._ensemble = new
+
+    def _resend(self, replaced: dict[int, str]) -> None:
+        for op in list(self._pending):
+            for index in op.ack_set.write_set:
+                if index in replaced:
+                    op.ack_set.remove(index)
+                    self._send(op, index)
+
+    # --- explicit LAC ---------------------------------------------------------------------
+
+    async def _explicit_lac_loop(self) -> None:
+        interval = self.ctx.config.explicit_lac_interval_s
+        while True:
+            self._idle = True
+            await asyncio.sleep(interval)
+            lac = self.last_add_confirmed
+            if self._idle and not self._pending and lac > self._lac_sent and self._failed is None:
+                proof = LacProof.explicit(self.ledger_id, lac)
+                for bookie in self._ensemble:
+                    self.ctx.pool.send(bookie, WriteLacRequest, self.ledger_id, self._key, lac,
+                                       proof.digest, callback=_ignore)  # fmt: skip
+                self._lac_sent = lac
+
+
+def _ignore(result: Any) -> None:
+    """Explicit LAC writes are best effort: a reader falls back to the piggybacked LAC."""
