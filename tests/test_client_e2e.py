@@ -1,0 +1,154 @@
+"""The client end to end: etcd and 4 real bookie processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bookkeeper_aio import (
+    BookKeeper,
+    ClientConfig,
+    IncorrectParameterError,
+    LedgerFencedError,
+    MetadataConfig,
+    MetadataUnavailableError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    UnauthorizedError,
+)
+from bookkeeper_aio.sandbox import Cluster, free_port
+
+pytestmark = pytest.mark.process
+CONFIG = ClientConfig(request_timeout_s=3, explicit_lac_interval_s=0.2, long_poll_timeout_ms=1000)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with Cluster(tmp_path, 4, "rocksdb") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory):
+    with Cluster(tmp_path_factory.mktemp("shared"), 4, "files") as c:
+        yield c
+
+
+async def read_all(bk: BookKeeper, ledger_id: int) -> list[bytes]:
+    reader = await bk.open_ledger(ledger_id, password=b"pw", recovery=True)
+    if reader.last_add_confirmed < 0:
+        return []
+    return [e.payload for e in await reader.read(0, reader.last_add_confirmed)]
+
+
+async def test_a_bookie_killed_mid_stream_loses_nothing_acknowledged(cluster):
+    async with BookKeeper.connect(cluster.uri, CONFIG) as bk:
+        w = await bk.create_ledger(3, 3, 2, password=b"pw")
+        victim = next(b for b in cluster.bookies if b.address in w.metadata.ensembles[0][1])
+        acked: dict[int, bytes] = {}
+
+        async def write(n: int) -> None:
+            for i in range(n):
+                payload = f"entry-{i}".encode() * 10
+                acked[await w.append(payload)] = payload
+
+        writer = asyncio.create_task(write(3000))
+        while len(acked) < 1000:
+            await asyncio.sleep(0.01)
+        victim.kill()
+        await writer
+        assert w.statistics()["ensemble_changes"] >= 1
+        assert victim.address not in w.metadata.last_ensemble()[1]
+        await w.close()
+        payloads = await read_all(bk, w.ledger_id)
+        assert len(payloads) == 3000
+        assert all(payloads[e] == p for e, p in acked.items())
+
+
+async def test_recovery_fences_the_writer_and_keeps_every_acknowledged_entry(shared_cluster):
+    uri = shared_cluster.uri
+    async with BookKeeper.connect(uri, CONFIG) as bk1, BookKeeper.connect(uri, CONFIG) as bk2:
+        w = await bk1.create_ledger(3, 2, 2, password=b"pw")
+        last_acked = -1
+        for i in range(200):
+            last_acked = await w.append(b"%d" % i)
+        in_flight = [w.append_nowait(b"late-%d" % i) for i in range(50)]
+        r = await bk2.open_ledger(w.ledger_id, password=b"pw", recovery=True)
+        assert r.is_closed and r.last_add_confirmed >= last_acked
+        results = await asyncio.gather(*in_flight, return_exceptions=True)
+        acked_late = [x for x in results if isinstance(x, int)]
+        assert all(e <= r.last_add_confirmed for e in acked_late)  # none acked past the end
+        with pytest.raises(LedgerFencedError):
+            await w.append(b"after recovery")
+        entries = await r.read(0, r.last_add_confirmed)
+        assert [e.payload for e in entries[:200]] == [b"%d" % i for i in range(200)]
+
+
+async def test_two_recoverers_agree(shared_cluster):
+    uri = shared_cluster.uri
+    async with (
+        BookKeeper.connect(uri, CONFIG) as bk1,
+        BookKeeper.connect(uri, CONFIG) as bk2,
+        BookKeeper.connect(uri, CONFIG) as bk3,
+    ):
+        w = await bk1.create_ledger(3, 3, 2, password=b"pw")
+        await asyncio.gather(*[w.append_nowait(b"x" * 100) for _ in range(500)])
+        a, b = await asyncio.gather(
+            bk2.open_ledger(w.ledger_id, password=b"pw"),
+            bk3.open_ledger(w.ledger_id, password=b"pw"),
+        )
+        assert a.last_add_confirmed == b.last_add_confirmed >= 499
+        assert a.metadata == b.metadata
+
+
+async def test_a_tailing_reader_sees_every_entry_in_order(shared_cluster):
+    uri = shared_cluster.uri
+    async with BookKeeper.connect(uri, CONFIG) as bk1, BookKeeper.connect(uri, CONFIG) as bk2:
+        w = await bk1.create_ledger(3, 2, 2, password=b"pw")
+        r = await bk2.open_ledger(w.ledger_id, password=b"pw", recovery=False)
+        seen: list[int] = []
+
+        async def tail() -> None:
+            async for entry in r.tail(from_entry_id=0):
+                assert entry.payload == b"e%d" % entry.entry_id
+                seen.append(entry.entry_id)
+
+        tailer = asyncio.create_task(tail())
+        for i in range(300):
+            await w.append(b"e%d" % i)
+            if i % 100 == 0:
+                await asyncio.sleep(0.3)  # idle: the explicit LAC makes the tail catch up
+        await asyncio.sleep(0.5)
+        assert seen == list(range(len(seen))) and len(seen) >= 299  # all but maybe the last
+        await w.close()
+        await asyncio.wait_for(tailer, 10)
+        assert seen == list(range(300))
+        with pytest.raises(IncorrectParameterError):
+            await (await bk2.open_ledger(w.ledger_id, b"pw", recovery=False)).read(0, 300)
+
+
+async def test_bad_input_gets_clear_errors(shared_cluster):
+    async with BookKeeper.connect(shared_cluster.uri, CONFIG) as bk:
+        with pytest.raises(IncorrectParameterError):
+            await bk.create_ledger(2, 3, 2)
+        with pytest.raises(NotEnoughBookiesError):
+            await bk.create_ledger(5, 3, 2)
+        w = await bk.create_ledger(3, 2, 2, password=b"right", custom_metadata={"app": b"x"})
+        await w.append(b"data")
+        await w.close()
+        with pytest.raises(UnauthorizedError):
+            await bk.open_ledger(w.ledger_id, password=b"wrong")
+        assert w.ledger_id in await bk.list_ledgers()
+        await bk.delete_ledger(w.ledger_id)
+        with pytest.raises(NoSuchLedgerError):
+            await bk.open_ledger(w.ledger_id, password=b"right")
+        with pytest.raises(NoSuchLedgerError):
+            await bk.delete_ledger(w.ledger_id)
+    down = MetadataConfig(call_timeout_s=0.5, retries_max=2)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(MetadataUnavailableError):
+        async with BookKeeper.connect(f"etcd://127.0.0.1:{free_port()}/x", metadata_config=down):
+            pass
+    assert loop.time() - start < 5
