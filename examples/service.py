@@ -1,8 +1,8 @@
 """Embedding the client in an asyncio service: one BookKeeper per process, pipelined appends.
 
-`append_nowait` returns a future without waiting, so a service can keep many appends in flight
-(the client bounds how many; past the bound `append` waits — backpressure, not memory growth).
-Futures complete in entry order.
+`append_nowait` returns a future without waiting, so a service can keep many appends in flight.
+The client bounds how many (`ClientConfig.adds_pending_max`): past it `append_nowait` raises and
+`append` waits — backpressure, not memory growth. Futures complete in entry order.
 
     python examples/service.py etcd://127.0.0.1:2379/bookkeeper
 """
@@ -28,8 +28,11 @@ class EventLog:
             custom_metadata={"app": b"event-log"},
         )  # fmt: skip
         start = time.perf_counter()
-        futures = [ledger.append_nowait(f"event {i}".encode()) for i in range(events)]
-        entry_ids = await asyncio.gather(*futures)
+        entry_ids: list[int] = []
+        for first in range(0, events, 1000):  # windows of 1000 appends in flight
+            window = [ledger.append_nowait(f"event {i}".encode())
+                      for i in range(first, min(first + 1000, events))]  # fmt: skip
+            entry_ids += await asyncio.gather(*window)
         elapsed = time.perf_counter() - start
         assert entry_ids == list(range(events))
         await ledger.close()

@@ -154,3 +154,17 @@ async def test_bad_input_gets_clear_errors(shared_cluster):
         async with BookKeeper.connect(f"etcd://127.0.0.1:{free_port()}/x", metadata_config=down):
             pass
     assert loop.time() - start < 5
+
+
+@pytest.mark.parametrize("script", ["write_and_tail.py", "recover_after_crash.py", "service.py"])
+async def test_examples_run(shared_cluster, script):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "examples" / script
+    result = await asyncio.to_thread(
+        subprocess.run, [sys.executable, str(path), shared_cluster.uri],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
