@@ -18,6 +18,7 @@ from bookkeeper_aio.errors import (
 )
 from bookkeeper_aio.metadata import LedgerMetadata, LedgerState, open_metadata_store, update_ledger
 from bookkeeper_aio.metadata.model import IllegalLedgerTransitionError
+from bookkeeper_aio.metadata.store import watch_bookies
 from bookkeeper_aio.sandbox import free_port
 
 ENSEMBLE = ("b1:1", "b2:2", "b3:3")
@@ -142,6 +143,11 @@ async def test_bookie_registration_and_lease_expiry(uri):
         assert set(await store.list_bookies()) == {"127.0.0.1:1"}
         await reg.unregister()
         assert await store.list_bookies() == {}
+        snapshots = watch_bookies(store, interval_s=0.1)
+        assert await anext(snapshots) == {}
+        await store.register_bookie("127.0.0.1:3", "127.0.0.1:3", None, False)
+        assert set(await anext(snapshots)) == {"127.0.0.1:3"}
+        await snapshots.aclose()
 
 
 async def test_cookies_and_instance_id(uri):

@@ -15,6 +15,7 @@ URIs: ``etcd://HOST:PORT[,HOST:PORT...]/ROOT`` (``metadata/etcd.py``) and ``memo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple, Protocol
@@ -106,6 +107,23 @@ async def update_ledger(
         except MetadataVersionError as exc:
             current = exc.current if isinstance(exc.current, Versioned) else None
     raise MetadataVersionError(f"ledger {ledger_id}: {retries_max} conflicting updates")
+
+
+async def watch_bookies(
+    store: MetadataStore, interval_s: float = 1.0
+) -> AsyncIterator[dict[str, BookieInfo]]:
+    """Snapshots of the available bookies: the current one, then each change.
+
+    Polls ``list_bookies`` every ``interval_s`` (one small range read): registrations change
+    rarely, and a poll needs no watch-resume logic. Ends when the caller stops iterating.
+    """
+    last: dict[str, BookieInfo] | None = None
+    while True:
+        current = await store.list_bookies()
+        if current != last:
+            last = current
+            yield current
+        await asyncio.sleep(interval_s)
 
 
 @contextlib.asynccontextmanager
