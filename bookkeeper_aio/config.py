@@ -222,14 +222,26 @@ class ClientConfig(_Config):
 
 @dataclass(frozen=True)
 class MetadataConfig(_Config):
-    """Timeouts, retries and leases of the metadata store client."""
+    """Timeouts, retries, leases and limits of the metadata store client (docs/metadata.md)."""
 
-    call_timeout_s: float = 5.0  # every single call to the store
-    connect_timeout_s: float = 5.0
-    retries_max: int = 5  # for calls that are safe to retry
+    call_timeout_s: float = 5.0  # one store operation, retries included
+    attempt_timeout_s: float = 2.0  # one RPC attempt; a slow endpoint is then retried/rotated
+    connect_timeout_s: float = 5.0  # opening the store: the first successful contact
+    retries_max: int = 10  # attempts per operation that is safe to retry
     retry_backoff_s: float = 0.05  # first backoff; doubles, jittered
     retry_backoff_max_s: float = 1.0
+    grpc_reconnect_backoff_max_ms: int = 1_000  # gRPC's own reconnect backoff (default 120 s)
     lease_ttl_s: int = 10  # a killed bookie disappears after this long
     keepalive_interval_s: float = 3.0  # lease refresh period (well below the TTL)
     watch_queue_max: int = 1000  # buffered watch events per watcher
     list_page_max: int = 1000  # keys per page when listing ledgers
+    value_bytes_max: int = 256 * KiB  # one encoded value (etcd refuses requests > 1.5 MiB)
+    create_attempts_max: int = 16  # random ledger ids tried before giving up
+
+    def validate(self) -> None:
+        super().validate()
+        if self.keepalive_interval_s >= self.lease_ttl_s:
+            raise ConfigError(
+                f"keepalive_interval_s ({self.keepalive_interval_s}) must be below "
+                f"lease_ttl_s ({self.lease_ttl_s})"
+            )

@@ -264,3 +264,13 @@ class ReadError(BookKeeperError):
     """No replica could return a good copy of an entry."""
 
     code = -1
+
+
+class MetadataFormatError(BookKeeperError, ValueError):
+    """A stored metadata value is not valid (corrupt, or written by an unknown format version)."""
+
+    code = -107  # MetadataSerializationException
+
+
+class IllegalLedgerTransitionError(IncorrectParameterError):
+    """A metadata change the ledger state machine forbids (e.g. changing a CLOSED ledger)."""

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from ..config import ClientConfig, MetadataConfig
 from ..digest import master_key
-from ..errors import NoSuchLedgerError, UnauthorizedError
+from ..errors import UnauthorizedError
 from ..metadata.model import LedgerMetadata, password_hash, validate_quorums
 from ..metadata.store import open_metadata_store
 from ..net import Network, TcpNetwork
@@ -141,4 +141,4 @@ class BookKeeper:
         return [i async for i in self.ctx.metadata.list_ledgers()]
 
 
-__all__ = ["BookKeeper", "NoSuchLedgerError"]
+__all__ = ["BookKeeper"]
