@@ -226,7 +226,6 @@ class MetadataConfig(_Config):
 
     call_timeout_s: float = 5.0  # one store operation, retries included
     attempt_timeout_s: float = 2.0  # one RPC attempt; a slow endpoint is then retried/rotated
-    connect_timeout_s: float = 5.0  # opening the store: the first successful contact
     retries_max: int = 10  # attempts per operation that is safe to retry
     retry_backoff_s: float = 0.05  # first backoff; doubles, jittered
     retry_backoff_max_s: float = 1.0

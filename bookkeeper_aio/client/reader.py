@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from ..errors import IncorrectParameterError
+from ..errors import IncorrectParameterError, ReadError
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..protocol import ReadLacRequest
 from .context import ClientContext, LedgerEntry
@@ -86,7 +86,13 @@ class LedgerReader:
         while True:
             if next_id <= self.last_add_confirmed:
                 last = min(self.last_add_confirmed, next_id + batch - 1)
-                for entry in await self.read_unconfirmed(next_id, last):
+                try:
+                    entries = await self.read_unconfirmed(next_id, last)
+                except ReadError:
+                    # The writer may have changed ensemble since our metadata was read.
+                    await self._refresh_metadata()
+                    entries = await self.read_unconfirmed(next_id, last)
+                for entry in entries:
                     yield entry
                 next_id = last + 1
                 continue

@@ -9,8 +9,13 @@ compare-and-swap on the version it was read at (``store.update_ledger``), so two
 never both believe their change won. State changes go through :data:`TRANSITIONS`; anything
 else raises, because an illegal transition (say, reopening a CLOSED ledger) is a safety bug.
 
-Ensembles are segments: ``((first_entry_id, (bookie, ...)), ...)`` sorted by first entry id.
-Entry ``e`` lives on the ensemble of the last segment whose first entry id is ``<= e``.
+Ensembles are segments: ``((first_entry_id, (bookie, ...)), ...)`` sorted by first entry id,
+the first one at entry 0. Entry ``e`` lives on the ensemble of the last segment whose first
+entry id is ``<= e``. A writer's ensemble change adds a segment starting at its LAC + 1, or
+replaces the last segment when a second change happens before any entry was acknowledged on
+the new one.
+
+Nothing here does I/O or reads a clock: ``ctime_ms`` is given by the creator.
 """
 
 from __future__ import annotations
@@ -23,16 +28,30 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from ..digest import DIGEST_TYPE
-from ..errors import IncorrectParameterError
+from ..digest import DIGEST_TYPE, NO_ENTRY
+from ..errors import IllegalLedgerTransitionError, IncorrectParameterError, MetadataFormatError
+
+__all__ = [
+    "MAX_LEDGER_ID",
+    "TRANSITIONS",
+    "IllegalLedgerTransitionError",
+    "LedgerMetadata",
+    "LedgerState",
+    "Versioned",
+    "check_transition",
+    "password_hash",
+    "validate_quorums",
+]
 
 T = TypeVar("T")
 Ensemble = tuple[str, ...]
 Segment = tuple[int, Ensemble]
+MAX_LEDGER_ID = (1 << 63) - 1  # ids are positive signed 64-bit numbers, as in BookKeeper
+FORMAT_VERSION = 1
 
 
 class Versioned(NamedTuple, Generic[T]):
-    """A value and the store version it was read at (etcd's mod_revision)."""
+    """A value and the store version it was read at (etcd's mod_revision; grows on each write)."""
 
     value: T
     version: int
@@ -51,14 +70,22 @@ TRANSITIONS: frozenset[tuple[LedgerState, LedgerState]] = frozenset(
         (LedgerState.OPEN, LedgerState.OPEN),  # ensemble changes by the writer
         (LedgerState.OPEN, LedgerState.IN_RECOVERY),  # a recoverer takes over
         (LedgerState.OPEN, LedgerState.CLOSED),  # the writer closes
-        (LedgerState.IN_RECOVERY, LedgerState.IN_RECOVERY),  # a second recoverer
+        (LedgerState.IN_RECOVERY, LedgerState.IN_RECOVERY),  # a recoverer's segment changes
         (LedgerState.IN_RECOVERY, LedgerState.CLOSED),  # recovery finishes
     }
 )
 
 
-class IllegalLedgerTransitionError(IncorrectParameterError):
-    """A metadata change the ledger state machine forbids (e.g. changing a CLOSED ledger)."""
+def check_transition(ledger_id: int, old: LedgerState, new: LedgerState) -> None:
+    """Raise unless ``old -> new`` is in :data:`TRANSITIONS`.
+
+    Raises:
+        IllegalLedgerTransitionError: the pair is not in the table.
+    """
+    if (old, new) not in TRANSITIONS:
+        raise IllegalLedgerTransitionError(
+            f"ledger {ledger_id}: {old.value} -> {new.value} is not allowed"
+        )
 
 
 def password_hash(password: bytes) -> str:
@@ -66,9 +93,30 @@ def password_hash(password: bytes) -> str:
     return hashlib.sha256(b"bookkeeper-aio:" + password).hexdigest()
 
 
+def validate_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
+    """Check E >= WQ >= AQ >= 1.
+
+    Raises:
+        IncorrectParameterError: they do not hold.
+    """
+    sizes = (ensemble_size, write_quorum, ack_quorum)
+    if (
+        not all(type(n) is int for n in sizes)
+        or not ensemble_size >= write_quorum >= ack_quorum >= 1
+    ):
+        raise IncorrectParameterError(
+            f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
+            f"{ensemble_size}, {write_quorum}, {ack_quorum}"
+        )
+
+
 @dataclass(frozen=True)
 class LedgerMetadata:
-    """One ledger's metadata (see the module docstring)."""
+    """One ledger's metadata (see the module docstring).
+
+    ``last_entry_id`` and ``length`` mean something once CLOSED (-1 and 0 for an empty ledger;
+    a recoverer that does not know the length writes -1).
+    """
 
     ledger_id: int
     ensemble_size: int
@@ -76,7 +124,7 @@ class LedgerMetadata:
     ack_quorum: int
     ensembles: tuple[Segment, ...]
     state: LedgerState = LedgerState.OPEN
-    last_entry_id: int = -1
+    last_entry_id: int = NO_ENTRY
     length: int = 0
     digest_type: str = DIGEST_TYPE
     password_hash: str = ""
@@ -85,16 +133,34 @@ class LedgerMetadata:
     creator_token: str = ""
 
     def __post_init__(self) -> None:
+        if type(self.ledger_id) is not int or not 0 <= self.ledger_id <= MAX_LEDGER_ID:
+            raise IncorrectParameterError(f"ledger id {self.ledger_id!r} is not in [0, 2^63)")
         validate_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
+        if not isinstance(self.state, LedgerState):
+            raise IncorrectParameterError(f"unknown ledger state {self.state!r}")
+        if self.last_entry_id < NO_ENTRY or self.length < -1:
+            raise IncorrectParameterError(
+                f"last_entry_id {self.last_entry_id} / length {self.length} out of range"
+            )
+        self._check_segments()
+        for key, value in self.custom_metadata.items():
+            if not isinstance(key, str) or not isinstance(value, bytes):
+                raise IncorrectParameterError("custom metadata maps str keys to bytes values")
+
+    def _check_segments(self) -> None:
         if not self.ensembles or self.ensembles[0][0] != 0:
             raise IncorrectParameterError("the first segment must start at entry 0")
         firsts = [first for first, _ in self.ensembles]
         if firsts != sorted(set(firsts)):
             raise IncorrectParameterError(f"segments out of order: {firsts}")
         for first, ensemble in self.ensembles:
-            if len(ensemble) != self.ensemble_size or len(set(ensemble)) != len(ensemble):
+            if (
+                len(ensemble) != self.ensemble_size
+                or len(set(ensemble)) != len(ensemble)
+                or not all(isinstance(b, str) and b for b in ensemble)
+            ):
                 raise IncorrectParameterError(
-                    f"segment at {first} needs {self.ensemble_size} distinct bookies: {ensemble}"
+                    f"segment at {first} needs {self.ensemble_size} distinct bookie ids: {ensemble}"
                 )
 
     # --- queries --------------------------------------------------------------------------
@@ -123,14 +189,16 @@ class LedgerMetadata:
     # --- transforms -----------------------------------------------------------------------
 
     def _moved(self, state: LedgerState, **changes: Any) -> LedgerMetadata:
-        if (self.state, state) not in TRANSITIONS:
-            raise IllegalLedgerTransitionError(
-                f"ledger {self.ledger_id}: {self.state.value} -> {state.value} is not allowed"
-            )
+        check_transition(self.ledger_id, self.state, state)
         return dataclasses.replace(self, state=state, **changes)
 
     def with_ensemble_change(self, first_entry_id: int, ensemble: Ensemble) -> LedgerMetadata:
-        """A new last segment from ``first_entry_id`` (replacing one that starts there)."""
+        """A new last segment from ``first_entry_id`` (replacing one that starts there).
+
+        Raises:
+            IncorrectParameterError: it would start before the last segment, or is malformed.
+            IllegalLedgerTransitionError: the ledger is CLOSED.
+        """
         last_first, _ = self.ensembles[-1]
         if first_entry_id < last_first:
             raise IncorrectParameterError(
@@ -140,11 +208,19 @@ class LedgerMetadata:
         return self._moved(self.state, ensembles=(*kept, (first_entry_id, tuple(ensemble))))
 
     def in_recovery(self) -> LedgerMetadata:
-        """Marked IN_RECOVERY (a recoverer owns it; the writer's changes will conflict)."""
+        """Marked IN_RECOVERY (a recoverer owns it; the writer's changes will conflict).
+
+        Raises:
+            IllegalLedgerTransitionError: the ledger is CLOSED.
+        """
         return self._moved(LedgerState.IN_RECOVERY)
 
     def closed(self, last_entry_id: int, length: int) -> LedgerMetadata:
-        """CLOSED at ``last_entry_id``; segments past it are dropped (never used)."""
+        """CLOSED at ``last_entry_id``; segments starting past it are dropped (never used).
+
+        Raises:
+            IllegalLedgerTransitionError: the ledger is already CLOSED.
+        """
         segments = tuple(s for s in self.ensembles if s[0] <= max(last_entry_id, 0))
         return self._moved(
             LedgerState.CLOSED, last_entry_id=last_entry_id, length=length, ensembles=segments
@@ -160,7 +236,7 @@ class LedgerMetadata:
         doc["custom_metadata"] = {
             k: base64.b64encode(v).decode() for k, v in sorted(self.custom_metadata.items())
         }
-        doc["format_version"] = 1
+        doc["format_version"] = FORMAT_VERSION
         return json.dumps(doc, sort_keys=True).encode()
 
     @classmethod
@@ -168,32 +244,22 @@ class LedgerMetadata:
         """Inverse of :meth:`to_json_bytes`.
 
         Raises:
-            ValueError: not valid ledger metadata JSON.
+            MetadataFormatError: not valid ledger metadata JSON (also a ValueError).
         """
         try:
             doc = json.loads(data)
-            if doc.pop("format_version", 1) != 1:
-                raise ValueError("unknown metadata format version")
+            version = doc.pop("format_version", None)
+            if version != FORMAT_VERSION:
+                raise MetadataFormatError(f"unknown metadata format version {version!r}")
             doc["state"] = LedgerState(doc["state"])
             doc["ensembles"] = tuple(
                 (int(s["first_entry_id"]), tuple(s["bookies"])) for s in doc["ensembles"]
             )
             doc["custom_metadata"] = {
-                k: base64.b64decode(v) for k, v in doc["custom_metadata"].items()
+                k: base64.b64decode(v, validate=True) for k, v in doc["custom_metadata"].items()
             }
             return cls(**doc)
-        except (KeyError, TypeError, json.JSONDecodeError, IncorrectParameterError) as exc:
-            raise ValueError(f"invalid ledger metadata: {exc}") from exc
-
-
-def validate_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
-    """Check E >= WQ >= AQ >= 1.
-
-    Raises:
-        IncorrectParameterError: they do not hold.
-    """
-    if not ensemble_size >= write_quorum >= ack_quorum >= 1:
-        raise IncorrectParameterError(
-            f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
-            f"{ensemble_size}, {write_quorum}, {ack_quorum}"
-        )
+        except MetadataFormatError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IncorrectParameterError) as exc:
+            raise MetadataFormatError(f"invalid ledger metadata: {exc}") from exc
