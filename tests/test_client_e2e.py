@@ -168,3 +168,12 @@ async def test_examples_run(shared_cluster, script):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+async def test_overload_is_backpressure_not_bookie_failure(shared_cluster):
+    config = ClientConfig(bookie_requests_in_flight_max=300, adds_pending_max=3000)
+    async with BookKeeper.connect(shared_cluster.uri, config) as bk:
+        w = await bk.create_ledger(3, 3, 2)
+        ids = await asyncio.gather(*[w.append_nowait(b"x" * 100) for _ in range(2500)])
+        assert ids == list(range(2500))
+        assert w.statistics()["ensemble_changes"] == 0  # TOO_MANY_REQUESTS is retried

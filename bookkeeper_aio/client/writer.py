@@ -36,6 +36,7 @@ from ..errors import (
     LedgerFencedError,
     MetadataVersionError,
     StatusCode,
+    TooManyRequestsError,
     UnauthorizedError,
 )
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
@@ -45,6 +46,7 @@ from ..quorum import AckSet, write_set
 from .context import ClientContext
 
 log = logging.getLogger(__name__)
+OVERLOAD_RETRY_S = 0.01  # a bookie or connection at its in-flight bound: wait, resend
 
 
 class _PendingAdd:
@@ -198,7 +200,11 @@ class LedgerWriter:
                 self._complete_in_order()
             return
         status = getattr(result, "status", None)
-        if status == StatusCode.FENCED:
+        if status == StatusCode.TOO_MANY_REQUESTS or isinstance(result, TooManyRequestsError):
+            # Overload, not failure: retry the same bookie shortly instead of replacing it.
+            loop = asyncio.get_running_loop()
+            loop.call_later(OVERLOAD_RETRY_S, self._retry, op, index, bookie)
+        elif status == StatusCode.FENCED:
             self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recoverer"))
         elif status == StatusCode.UNAUTHORIZED:
             self._fail(UnauthorizedError(f"bookie {bookie} refused our key for {self.ledger_id}"))
@@ -206,6 +212,10 @@ class LedgerWriter:
             why = result if isinstance(result, BaseException) else StatusCode(status).name
             log.info("ledger %d: bookie %s failed an add (%s)", self.ledger_id, bookie, why)
             self._bookie_failed(index, bookie)
+
+    def _retry(self, op: _PendingAdd, index: int, bookie: str) -> None:
+        if not op.future.done() and self._ensemble[index] == bookie and self._failed is None:
+            self._send(op, index)
 
     def _complete_in_order(self) -> None:
         pending = self._pending
