@@ -11,8 +11,8 @@ from bookkeeper_aio.etcd_server import EtcdServer
 
 @pytest.fixture(scope="session")
 def etcd():
-    """A real etcd on 127.0.0.1, stopped after the session."""
-    with EtcdServer() as server:
+    """A real etcd on 127.0.0.1 (no fsync: test data only), stopped after the session."""
+    with EtcdServer(unsafe_no_fsync=True) as server:
         yield server
 
 

@@ -3,75 +3,98 @@
 Theory of operation
 -------------------
 Every value is JSON, so ``etcdctl get --prefix ROOT`` shows readable metadata. A value's version
-is its etcd ``mod_revision``; a compare-and-swap is a transaction comparing it. Ledger ids are
-random 63-bit numbers claimed with a create-if-absent transaction that also records the
-creator token, so a retried create (the client never saw the answer) finds its ledger instead
-of making a second one.
+is its etcd ``mod_revision``; every compare-and-swap is one transaction whose failure branch
+reads the current value, so a lost race costs one round trip and the caller gets the winner.
 
-Every call runs under ``call_timeout_s``. Reads and conditional writes are retried with jittered
-backoff when etcd is unreachable (a conditional write is safe to retry: if the first attempt
-landed, the retry conflicts and the caller sees the value it wrote). When every endpoint fails,
-:class:`MetadataUnavailableError` names them. A bookie registration is a key under a lease
-refreshed by an owned keepalive task; if the lease is lost (etcd restarted, a long pause), the
-task registers again under a new lease. A ledger watch resumes from the last revision seen + 1.
+Ledger ids are random 63-bit numbers claimed with a create-if-absent transaction that also
+records the creator token under ``ROOT/creators/``; a retried create (the first reply was
+lost) finds that record and returns the ledger the first attempt made.
+
+Retries (``etcd_conn.py``) are used only where the outcome of a lost reply can be recognized:
+reads; creates (the creator token); a CAS write or cookie put whose retry conflicts but finds
+exactly the value it wrote (its first attempt landed); a delete whose retry finds the key gone.
+Lease grants are retried too: a lease granted by a lost attempt has no keys and expires.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 import random
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Any
 
 import aetcd
-import aetcd.exceptions
 from aetcd import rpc
+from aetcd import transactions as tx
 
 from ..config import MetadataConfig
-from ..errors import MetadataUnavailableError, MetadataVersionError, NoSuchLedgerError
-from .model import LedgerMetadata, Versioned
-from .store import BookieInfo
-
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-_UNAVAILABLE = (
-    aetcd.exceptions.ConnectionFailedError,
-    aetcd.exceptions.ConnectionTimeoutError,
-    aetcd.exceptions.InternalError,
-    TimeoutError,
-    OSError,
+from ..errors import MetadataUnavailableError, MetadataVersionError
+from .etcd_conn import EtcdConnection, LeaseNotFoundError, WatchCompactedError
+from .model import MAX_LEDGER_ID, LedgerMetadata, Versioned
+from .registration import BookieInfo, BookieRegistration
+from .store import (
+    bookie_info_from_json,
+    bookie_info_to_json,
+    check_bookie_id,
+    check_cookie,
+    encode_ledger,
+    new_instance_id,
+    no_such_ledger,
+    with_creator_token,
 )
 
 
-class EtcdMetadataStore:
-    """See the module docstring. Create with :meth:`connect`."""
+def _prefix_end(prefix: bytes) -> bytes:
+    return prefix[:-1] + bytes([prefix[-1] + 1])
 
-    def __init__(self, endpoints: list[str], root: str, config: MetadataConfig) -> None:
-        self.endpoints = endpoints
+
+def _put_revision(responses: list[Any]) -> int:
+    """The revision a transaction's first put was written at (= the key's mod_revision)."""
+    return responses[0].response_put.header.revision
+
+
+def _got(responses: list[Any]) -> Any | None:
+    """The KeyValue of a transaction's single-key get, or None if the key was absent."""
+    found = responses[0]
+    return found[0][1] if found else None
+
+
+class EtcdMetadataStore:
+    """See the module docstring and ``store.MetadataStore``. Create with :meth:`connect`."""
+
+    def __init__(
+        self,
+        endpoints: tuple[str, ...],
+        root: str,
+        config: MetadataConfig,
+        rng: random.Random | None = None,
+    ) -> None:
         self.root = root.rstrip("/")
         self.config = config
-        self.rng = random.Random()
-        self._endpoint_index = 0
-        self._client: aetcd.Client | None = None
-        self._registrations: list[EtcdRegistration] = []
+        self.rng = rng or random.Random()
+        self.conn = EtcdConnection(tuple(endpoints), config, self.rng)
+        self.registrations: list[EtcdRegistration] = []
 
     @classmethod
     async def connect(
-        cls, endpoints: list[str], root: str, config: MetadataConfig
+        cls,
+        endpoints: tuple[str, ...],
+        root: str,
+        config: MetadataConfig,
+        rng: random.Random | None = None,
     ) -> EtcdMetadataStore:
         """Connect and check that etcd answers.
 
         Raises:
             MetadataUnavailableError: no endpoint answered within the timeouts.
         """
-        store = cls(endpoints, root, config)
-        await store._call(lambda c: c.get(store._key("instanceid")))
+        store = cls(endpoints, root, config, rng)
+        try:
+            await store.conn.call(lambda c: c.get(store._key("instanceid")), "connect")
+        except BaseException:
+            await store.conn.close()
+            raise
         return store
-
-    # --- plumbing -------------------------------------------------------------------------
 
     def _key(self, *parts: str) -> bytes:
         return "/".join((self.root, *parts)).encode()
@@ -79,129 +102,115 @@ class EtcdMetadataStore:
     def _ledger_key(self, ledger_id: int) -> bytes:
         return self._key("ledgers", f"{ledger_id:020d}")
 
-    def _new_client(self) -> aetcd.Client:
-        host, _, port = self.endpoints[self._endpoint_index].rpartition(":")
-        timeout = max(1, round(self.config.call_timeout_s))
-        return aetcd.Client(host=host, port=int(port), timeout=timeout)
+    async def _txn(self, what: str, compare: list, success: list, failure: list) -> tuple:
+        """One transaction (retried); returns (succeeded, responses, attempts made)."""
+        attempts = 0
 
-    async def _call(self, op: Callable[[aetcd.Client], Awaitable[T]], retry: bool = True) -> T:
-        attempts = self.config.retries_max if retry else 1
-        delay = self.config.retry_backoff_s
-        last: BaseException | None = None
-        for attempt in range(attempts):
-            if self._client is None:
-                self._client = self._new_client()
-            try:
-                async with asyncio.timeout(self.config.call_timeout_s):
-                    return await op(self._client)
-            except _UNAVAILABLE as exc:
-                last = exc
-                await self._drop_client()
-                self._endpoint_index = (self._endpoint_index + 1) % len(self.endpoints)
-                if attempt + 1 < attempts:
-                    await asyncio.sleep(delay * (0.5 + self.rng.random()))
-                    delay = min(delay * 2, self.config.retry_backoff_max_s)
-        raise MetadataUnavailableError(
-            f"etcd at {','.join(self.endpoints)} is unreachable: {type(last).__name__}: {last}"
-        )
+        async def run(c: aetcd.Client) -> tuple[bool, list]:
+            nonlocal attempts
+            attempts += 1
+            return await c.transaction(compare=compare, success=success, failure=failure)
 
-    async def _drop_client(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            try:
-                await client.close()
-            except Exception:
-                pass
+        succeeded, responses = await self.conn.call(run, what)
+        return succeeded, responses, attempts
+
+    def statistics(self) -> dict[str, int]:
+        return {**self.conn.counters, "registrations": len(self.registrations)}
 
     async def close(self) -> None:
         """Stop keepalives (registrations stay until their leases expire) and disconnect."""
-        for reg in list(self._registrations):
-            reg.abandon()
-        await self._drop_client()
+        for registration in list(self.registrations):
+            registration.abandon()
+        await self.conn.close()
 
     # --- ledgers --------------------------------------------------------------------------
 
     async def create_ledger(self, make: Callable[[int], LedgerMetadata]) -> Versioned:
-        token = make(1).creator_token
-        creator_key = self._key("creators", token) if token else None
-        for _ in range(16):
-            ledger_id = self.rng.randrange(1, 1 << 63)
+        make, token = with_creator_token(make, self.rng)
+        creator_key = self._key("creators", token)
+        for _ in range(self.config.create_attempts_max):
+            ledger_id = self.rng.randint(1, MAX_LEDGER_ID)
             metadata = make(ledger_id)
-            key = self._ledger_key(ledger_id)
-
-            async def txn(c: aetcd.Client, key: bytes = key, md: LedgerMetadata = metadata):
-                t = c.transactions
-                compare = [t.create(key) == 0]
-                success = [t.put(key, md.to_json_bytes())]
-                if creator_key is not None:
-                    compare.append(t.create(creator_key) == 0)
-                    success.append(t.put(creator_key, str(md.ledger_id).encode()))
-                return await c.transaction(compare=compare, success=success, failure=[])
-
-            succeeded, _ = await self._call(txn)
-            if succeeded:
-                return await self.read_ledger(ledger_id)
-            if creator_key is not None:
-                existing = await self._call(lambda c: c.get(creator_key))
-                if existing is not None:  # a retry of a create that already happened
-                    return await self.read_ledger(int(existing.value))
-        raise MetadataUnavailableError("could not find a free ledger id in 16 attempts")
+            key, data = self._ledger_key(ledger_id), encode_ledger(metadata, self.config)
+            ok, responses, _ = await self._txn(
+                f"create ledger {ledger_id}",
+                compare=[tx.Create(key) == 0, tx.Create(creator_key) == 0],
+                success=[tx.Put(key, data), tx.Put(creator_key, str(ledger_id).encode())],
+                failure=[tx.Get(creator_key)],
+            )
+            if ok:
+                return Versioned(metadata, _put_revision(responses))
+            existing = _got(responses)
+            if existing is not None:  # this token already created its ledger
+                return await self.read_ledger(int(existing.value))
+            self.conn.counters["ledger_id_collisions"] += 1
+        raise MetadataUnavailableError(
+            f"no free ledger id in {self.config.create_attempts_max} random draws"
+        )
 
     async def read_ledger(self, ledger_id: int) -> Versioned:
-        found = await self._call(lambda c: c.get(self._ledger_key(ledger_id)))
+        key = self._ledger_key(ledger_id)
+        found = await self.conn.call(lambda c: c.get(key), f"read ledger {ledger_id}")
         if found is None:
-            raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
+            raise no_such_ledger(ledger_id)
         return Versioned(LedgerMetadata.from_json_bytes(found.value), found.mod_revision)
-
-    async def _current(self, key: bytes, decode: Callable[[bytes], Any]) -> Versioned | None:
-        found = await self._call(lambda c: c.get(key))
-        return None if found is None else Versioned(decode(found.value), found.mod_revision)
 
     async def write_ledger(
         self, ledger_id: int, metadata: LedgerMetadata, expected_version: int
     ) -> Versioned:
-        key = self._ledger_key(ledger_id)
-
-        async def txn(c: aetcd.Client):
-            t = c.transactions
-            return await c.transaction(
-                compare=[t.mod(key) == expected_version],
-                success=[t.put(key, metadata.to_json_bytes())],
-                failure=[],
-            )
-
-        succeeded, _ = await self._call(txn)
-        current = await self._current(key, LedgerMetadata.from_json_bytes)
-        if not succeeded:
-            raise MetadataVersionError(
-                f"ledger {ledger_id}: version {expected_version} is stale", current=current
-            )
-        assert current is not None
-        return current
+        key, data = self._ledger_key(ledger_id), encode_ledger(metadata, self.config)
+        ok, responses, attempts = await self._txn(
+            f"write ledger {ledger_id}",
+            compare=[tx.Mod(key) == expected_version],
+            success=[tx.Put(key, data)],
+            failure=[tx.Get(key)],
+        )
+        if ok:
+            return Versioned(metadata, _put_revision(responses))
+        found = _got(responses)
+        if found is None:
+            raise no_such_ledger(ledger_id)
+        current = Versioned(LedgerMetadata.from_json_bytes(found.value), found.mod_revision)
+        if attempts > 1 and current.value == metadata:
+            return current  # our first attempt landed; its reply was lost
+        self.conn.counters["conflicts"] += 1
+        raise MetadataVersionError(
+            f"ledger {ledger_id}: version {expected_version} is stale", current=current
+        )
 
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
         key = self._ledger_key(ledger_id)
-
-        async def txn(c: aetcd.Client):
-            t = c.transactions
-            compare = [t.create(key) > 0]
-            if expected_version is not None:
-                compare.append(t.mod(key) == expected_version)
-            return await c.transaction(compare=compare, success=[t.delete(key)], failure=[])
-
-        succeeded, _ = await self._call(txn)
-        if not succeeded:
-            current = await self._current(key, LedgerMetadata.from_json_bytes)
-            if current is None:
-                raise NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
-            raise MetadataVersionError(f"ledger {ledger_id} changed", current=current)
+        current = await self.read_ledger(ledger_id)
+        ambiguous = False  # a reply was lost: the key may be gone by our own hand
+        for _ in range(self.config.retries_max):
+            if expected_version is not None and current.version != expected_version:
+                self.conn.counters["conflicts"] += 1
+                raise MetadataVersionError(f"ledger {ledger_id} changed", current=current)
+            creator_key = self._key("creators", current.value.creator_token)
+            ok, responses, attempts = await self._txn(
+                f"delete ledger {ledger_id}",
+                compare=[tx.Mod(key) == current.version],
+                success=[tx.Delete(key), tx.Delete(creator_key)],
+                failure=[tx.Get(key)],
+            )
+            ambiguous = ambiguous or attempts > 1
+            if ok:
+                return
+            found = _got(responses)
+            if found is None:
+                if ambiguous:
+                    return
+                raise no_such_ledger(ledger_id)
+            current = Versioned(LedgerMetadata.from_json_bytes(found.value), found.mod_revision)
+        raise MetadataVersionError(f"ledger {ledger_id}: kept changing while deleting")
 
     async def list_ledgers(self) -> AsyncIterator[int]:
         prefix = self._key("ledgers", "")
-        start = prefix
-        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        start, end = prefix, _prefix_end(prefix)
         while True:
-            page = await self._call(lambda c, s=start: self._keys_page(c, s, end))
+            page = await self.conn.call(
+                lambda c, s=start: self._keys_page(c, s, end), "list ledgers"
+            )
             keys = [kv.key for kv in page.kvs]
             for key in keys:
                 yield int(key[len(prefix) :])
@@ -210,156 +219,186 @@ class EtcdMetadataStore:
             start = keys[-1] + b"\x00"
 
     async def _keys_page(self, c: aetcd.Client, start: bytes, end: bytes) -> Any:
-        # aetcd's get_range has no limit; the raw Range RPC does (keys only: cheap pages).
+        # aetcd's get_range has no limit; its raw Range RPC does (keys only: cheap pages).
         await c.connect()
         request = rpc.RangeRequest(
             key=start, range_end=end, limit=self.config.list_page_max, keys_only=True
         )
         return await c.kvstub.Range(request, timeout=c._timeout, metadata=c.metadata)
 
-    async def watch_ledger(self, ledger_id: int) -> AsyncIterator[Versioned | None]:
+    async def watch_ledger(
+        self, ledger_id: int, since_version: int = 0
+    ) -> AsyncIterator[Versioned | None]:
         key = self._ledger_key(ledger_id)
-        current = await self._current(key, LedgerMetadata.from_json_bytes)
-        revision = current.version if current else 0
-        while True:
+        first = True
+        while True:  # once, plus once per compaction of the history it needs
+            found = await self.conn.call(lambda c: c.get(key), f"watch ledger {ledger_id}")
+            if found is None and first:
+                raise no_such_ledger(ledger_id)
+            if found is None:  # deleted while the history was being compacted
+                yield None
+                return
+            first = False
+            if found.mod_revision > since_version:
+                since_version = found.mod_revision
+                yield Versioned(LedgerMetadata.from_json_bytes(found.value), found.mod_revision)
             try:
-                assert self._client is not None
-                watch = await self._client.watch(key, start_revision=revision + 1)
-                async for event in watch:
-                    revision = event.kv.mod_revision
-                    if event.kind == "DELETE":
-                        yield None
-                        return
-                    value = LedgerMetadata.from_json_bytes(event.kv.value)
-                    yield Versioned(value, event.kv.mod_revision)
-            except _UNAVAILABLE as exc:
-                log.warning("watch of ledger %d broke (%s); resuming", ledger_id, exc)
-                await self._drop_client()
-                await self._call(lambda c: c.get(key))  # reconnect, with backoff
+                events = self.conn.watch(key, None, found.header.revision + 1)
+                async with aclosing(events):
+                    async for event in events:
+                        if event.kind == "DELETE":
+                            yield None
+                            return
+                        if event.kv.mod_revision > since_version:
+                            since_version = event.kv.mod_revision
+                            value = LedgerMetadata.from_json_bytes(event.kv.value)
+                            yield Versioned(value, event.kv.mod_revision)
+                return  # the store was closed
+            except WatchCompactedError:
+                self.conn.counters["watch_compacted"] += 1
 
     # --- bookies --------------------------------------------------------------------------
 
     async def register_bookie(
         self, bookie_id: str, address: str, rack: str | None, read_only: bool
     ) -> EtcdRegistration:
-        reg = EtcdRegistration(self, BookieInfo(bookie_id, address, rack, read_only))
-        await reg.start()
-        self._registrations.append(reg)
-        return reg
+        check_bookie_id(bookie_id)
+        registration = EtcdRegistration(self, BookieInfo(bookie_id, address, rack, read_only))
+        await registration.start()
+        self.registrations.append(registration)
+        return registration
+
+    async def _bookies(self) -> tuple[dict[str, BookieInfo], int]:
+        prefix = self._key("bookies", "")
+        found = await self.conn.call(lambda c: c.get_prefix(prefix), "list bookies")
+        infos = [bookie_info_from_json(kv.value) for kv in found]
+        return {info.bookie_id: info for info in sorted(infos)}, found.header.revision
 
     async def list_bookies(self) -> dict[str, BookieInfo]:
-        found = await self._call(lambda c: c.get_prefix(self._key("bookies", "")))
-        infos = [BookieInfo(**json.loads(kv.value)) for kv in found]
-        return {info.bookie_id: info for info in sorted(infos)}
+        return (await self._bookies())[0]
+
+    async def watch_bookies(self) -> AsyncIterator[dict[str, BookieInfo]]:
+        prefix = self._key("bookies", "")
+        while True:  # once, plus once per compaction
+            bookies, revision = await self._bookies()
+            yield dict(bookies)
+            try:
+                events = self.conn.watch(prefix, _prefix_end(prefix), revision + 1)
+                async with aclosing(events):
+                    async for event in events:
+                        bookie_id = event.kv.key[len(prefix) :].decode()
+                        if event.kind == "DELETE":
+                            bookies.pop(bookie_id, None)
+                        else:
+                            bookies[bookie_id] = bookie_info_from_json(event.kv.value)
+                        bookies = dict(sorted(bookies.items()))
+                        yield dict(bookies)
+                return  # the store was closed
+            except WatchCompactedError:
+                self.conn.counters["watch_compacted"] += 1
 
     # --- cookies and the instance id ------------------------------------------------------
 
     async def get_cookie(self, bookie_id: str) -> Versioned | None:
-        return await self._current(self._key("cookies", bookie_id), bytes)
+        check_bookie_id(bookie_id)
+        key = self._key("cookies", bookie_id)
+        found = await self.conn.call(lambda c: c.get(key), f"read cookie of {bookie_id}")
+        return None if found is None else Versioned(found.value, found.mod_revision)
 
     async def put_cookie(
         self, bookie_id: str, data: bytes, expected_version: int | None
     ) -> Versioned:
+        check_cookie(bookie_id, data, self.config)
         key = self._key("cookies", bookie_id)
-
-        async def txn(c: aetcd.Client):
-            t = c.transactions
-            check = (
-                t.create(key) == 0 if expected_version is None else t.mod(key) == expected_version
-            )
-            return await c.transaction(compare=[check], success=[t.put(key, data)], failure=[])
-
-        succeeded, _ = await self._call(txn)
-        current = await self._current(key, bytes)
-        if not succeeded:
-            raise MetadataVersionError(f"cookie of {bookie_id} changed", current=current)
-        assert current is not None
-        return current
+        check = tx.Create(key) == 0 if expected_version is None else tx.Mod(key) == expected_version
+        ok, responses, attempts = await self._txn(
+            f"write cookie of {bookie_id}", compare=[check], success=[tx.Put(key, data)],
+            failure=[tx.Get(key)],
+        )  # fmt: skip
+        if ok:
+            return Versioned(bytes(data), _put_revision(responses))
+        found = _got(responses)
+        current = None if found is None else Versioned(found.value, found.mod_revision)
+        if attempts > 1 and current is not None and current.value == data:
+            return current  # our first attempt landed
+        self.conn.counters["conflicts"] += 1
+        raise MetadataVersionError(f"cookie of {bookie_id} changed", current=current)
 
     async def delete_cookie(self, bookie_id: str, expected_version: int) -> None:
+        check_bookie_id(bookie_id)
         key = self._key("cookies", bookie_id)
-
-        async def txn(c: aetcd.Client):
-            t = c.transactions
-            compare = [t.mod(key) == expected_version]
-            return await c.transaction(compare=compare, success=[t.delete(key)], failure=[])
-
-        succeeded, _ = await self._call(txn)
-        if not succeeded:
-            current = await self._current(key, bytes)
-            raise MetadataVersionError(f"cookie of {bookie_id} changed", current=current)
+        ok, responses, attempts = await self._txn(
+            f"delete cookie of {bookie_id}", compare=[tx.Mod(key) == expected_version],
+            success=[tx.Delete(key)], failure=[tx.Get(key)],
+        )  # fmt: skip
+        found = None if ok else _got(responses)
+        if ok or (found is None and attempts > 1):
+            return
+        current = None if found is None else Versioned(found.value, found.mod_revision)
+        self.conn.counters["conflicts"] += 1
+        raise MetadataVersionError(f"cookie of {bookie_id} changed", current=current)
 
     async def init_cluster(self) -> str:
-        key = self._key("instanceid")
-        new_id = str(uuid.uuid4())
-
-        async def txn(c: aetcd.Client):
-            t = c.transactions
-            return await c.transaction(
-                compare=[t.create(key) == 0], success=[t.put(key, new_id.encode())], failure=[]
-            )
-
-        await self._call(txn)
-        instance_id = await self.get_instance_id()
-        assert instance_id is not None
-        return instance_id
+        key, new_id = self._key("instanceid"), new_instance_id(self.rng)
+        ok, responses, _ = await self._txn(
+            "init cluster", compare=[tx.Create(key) == 0], success=[tx.Put(key, new_id.encode())],
+            failure=[tx.Get(key)],
+        )  # fmt: skip
+        return new_id if ok else _got(responses).value.decode()
 
     async def get_instance_id(self) -> str | None:
-        found = await self._call(lambda c: c.get(self._key("instanceid")))
+        key = self._key("instanceid")
+        found = await self.conn.call(lambda c: c.get(key), "read instance id")
         return None if found is None else found.value.decode()
 
 
-class EtcdRegistration:
-    """A bookie's key under a lease, with an owned keepalive task (see the module docstring)."""
+class EtcdRegistration(BookieRegistration):
+    """A bookie's key ``ROOT/bookies/<id>`` under an etcd lease (see ``registration.py``)."""
 
     def __init__(self, store: EtcdMetadataStore, info: BookieInfo) -> None:
+        super().__init__(info, store.config.keepalive_interval_s)
         self.store = store
-        self.info = info
-        self._lease_id: int | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.lease_id = 0
 
-    async def start(self) -> None:
-        await self._register()
-        self._task = asyncio.get_running_loop().create_task(self._keepalive())
+    @property
+    def _key(self) -> bytes:
+        return self.store._key("bookies", self.info.bookie_id)
 
     async def _register(self) -> None:
-        store, info = self.store, self.info
-        lease = await store._call(lambda c: c.lease(store.config.lease_ttl_s))
-        self._lease_id = lease.id
-        value = json.dumps(info._asdict(), sort_keys=True).encode()
-        key = store._key("bookies", info.bookie_id)
-        await store._call(lambda c: c.put(key, value, lease=lease.id))
+        conn, ttl = self.store.conn, self.store.config.lease_ttl_s
+        lease = await conn.call(lambda c: c.lease(ttl), f"lease for {self.info.bookie_id}")
+        self.lease_id = lease.id
+        await self._put()
 
-    async def _keepalive(self) -> None:
-        while True:
-            await asyncio.sleep(self.store.config.keepalive_interval_s)
-            try:
-                reply = await self.store._call(lambda c: c.refresh_lease(self._lease_id))
-                if reply is None or reply.TTL <= 0:
-                    log.warning(
-                        "lease of bookie %s was lost; registering again", self.info.bookie_id
-                    )
-                    await self._register()
-            except MetadataUnavailableError as exc:
-                log.warning("bookie %s keepalive failed: %s", self.info.bookie_id, exc)
+    async def _put(self) -> None:
+        key, value, lease_id = self._key, bookie_info_to_json(self.info), self.lease_id
+        await self.store.conn.call(
+            lambda c: c.put(key, value, lease=lease_id), f"register {self.info.bookie_id}"
+        )
 
-    async def update(self, *, read_only: bool) -> None:
-        """Change the registered read-only state."""
-        self.info = self.info._replace(read_only=read_only)
-        value = json.dumps(self.info._asdict(), sort_keys=True).encode()
-        key = self.store._key("bookies", self.info.bookie_id)
-        await self.store._call(lambda c: c.put(key, value, lease=self._lease_id))
+    async def _refresh(self) -> bool:
+        lease_id = self.lease_id
+        reply = await self.store.conn.call(
+            lambda c: c.refresh_lease(lease_id), f"keepalive of {self.info.bookie_id}"
+        )
+        return reply is not None and reply.TTL > 0
 
-    def abandon(self) -> None:
-        """Stop the keepalive; the key goes when the lease expires."""
-        if self._task is not None:
-            self._task.cancel()
-        if self in self.store._registrations:
-            self.store._registrations.remove(self)
+    async def _publish(self) -> None:
+        try:
+            await self._put()
+        except LeaseNotFoundError:
+            self.reregistrations += 1
+            await self._register()
 
-    async def unregister(self) -> None:
-        """Remove the registration now (clean shutdown)."""
-        self.abandon()
-        if self._lease_id is not None:
-            lease_id = self._lease_id
-            await self.store._call(lambda c: c.revoke_lease(lease_id))
+    async def _revoke(self) -> None:
+        lease_id = self.lease_id
+        try:
+            await self.store.conn.call(
+                lambda c: c.revoke_lease(lease_id), f"unregister {self.info.bookie_id}"
+            )
+        except LeaseNotFoundError:
+            pass
+
+    def _detach(self) -> None:
+        if self in self.store.registrations:
+            self.store.registrations.remove(self)

@@ -9,75 +9,149 @@ exactly that (``write_ledger`` with an expected version; a lost race raises
 under leases, cookies, and the cluster's instance id. :func:`update_ledger` is the one CAS
 loop: read, apply a pure transform, write at the version read, retry on conflict.
 
+Versions are etcd ``mod_revision`` numbers (the memory store keeps the same counter): they
+only grow, so "newer" is ``>``. Watches yield values in version order; a watcher that falls
+too far behind skips to the latest value rather than blocking writers (a ledger's metadata
+is a state, not a log).
+
 URIs: ``etcd://HOST:PORT[,HOST:PORT...]/ROOT`` (``metadata/etcd.py``) and ``memory://[NAME]``
-(``metadata/memory.py``; stores with the same name in one process share state).
+(``metadata/memory.py``; stores with the same name in one process share state, the default
+name is ``default``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
+import random
+import re
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple, Protocol
 
-from ..config import MetadataConfig
-from ..errors import ConfigError, MetadataVersionError
+from ..config import MetadataConfig, parse_address
+from ..errors import (
+    ConfigError,
+    IncorrectParameterError,
+    MetadataFormatError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
 from .model import LedgerMetadata, Versioned
+from .registration import BookieInfo, BookieRegistration
 
+__all__ = [
+    "BookieInfo",
+    "BookieRegistration",
+    "MetadataStore",
+    "MetadataUri",
+    "open_metadata_store",
+    "parse_metadata_uri",
+    "update_ledger",
+]
 
-class BookieInfo(NamedTuple):
-    """A registered bookie: where it listens, its network location, whether it takes adds."""
-
-    bookie_id: str
-    address: str
-    rack: str | None
-    read_only: bool
-
-
-class BookieRegistration(Protocol):
-    """A bookie's registration, kept alive by a lease until unregistered or the process dies."""
-
-    async def update(self, *, read_only: bool) -> None: ...
-
-    async def unregister(self) -> None: ...
+_BOOKIE_ID = re.compile(r"^[A-Za-z0-9_.:\[\]-]{1,255}$")
+_ROOT = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 
 
 class MetadataStore(Protocol):
     """See the module docstring. Every method may raise MetadataUnavailableError."""
 
-    async def create_ledger(self, make: Callable[[int], LedgerMetadata]) -> Versioned: ...
+    async def create_ledger(self, make: Callable[[int], LedgerMetadata]) -> Versioned:
+        """Store ``make(ledger_id)`` under a new unique random id (1 .. 2^63-1).
 
-    async def read_ledger(self, ledger_id: int) -> Versioned: ...
+        ``make`` must be pure apart from the id. Its ``creator_token`` makes the create
+        idempotent: a retry with the same token returns the ledger the first attempt made
+        (an empty token gets a random one, so the store's own retries are safe too).
+
+        Raises:
+            IncorrectParameterError: the encoded metadata is over ``value_bytes_max``.
+        """
+        ...
+
+    async def read_ledger(self, ledger_id: int) -> Versioned:
+        """The ledger's metadata and version. Raises NoSuchLedgerError."""
+        ...
 
     async def write_ledger(
         self, ledger_id: int, metadata: LedgerMetadata, expected_version: int
-    ) -> Versioned: ...
+    ) -> Versioned:
+        """Compare-and-swap on ``expected_version``; return the new version.
 
-    async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None: ...
+        Raises:
+            MetadataVersionError: the version moved; ``.current`` is the stored Versioned.
+            NoSuchLedgerError: the ledger was deleted.
+            IncorrectParameterError: the encoded metadata is over ``value_bytes_max``.
+        """
+        ...
 
-    def list_ledgers(self) -> AsyncIterator[int]: ...
+    async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
+        """Delete (only at ``expected_version`` when given). Raises NoSuchLedgerError,
+        MetadataVersionError (with ``.current``)."""
+        ...
 
-    def watch_ledger(self, ledger_id: int) -> AsyncIterator[Versioned | None]: ...
+    def list_ledgers(self) -> AsyncIterator[int]:
+        """Every ledger id in increasing order, read in pages of ``list_page_max``."""
+        ...
+
+    def watch_ledger(
+        self, ledger_id: int, since_version: int = 0
+    ) -> AsyncIterator[Versioned | None]:
+        """Each stored value newer than ``since_version`` (the current one first), in version
+        order; ``None`` then the end when the ledger is deleted. Raises NoSuchLedgerError if
+        it does not exist when the watch starts."""
+        ...
 
     async def register_bookie(
         self, bookie_id: str, address: str, rack: str | None, read_only: bool
-    ) -> BookieRegistration: ...
+    ) -> BookieRegistration:
+        """Register under a lease kept alive until ``unregister``/``abandon`` or store close.
 
-    async def list_bookies(self) -> dict[str, BookieInfo]: ...
+        Raises:
+            IncorrectParameterError: a malformed bookie id.
+        """
+        ...
 
-    async def get_cookie(self, bookie_id: str) -> Versioned | None: ...
+    async def list_bookies(self) -> dict[str, BookieInfo]:
+        """The registered (live) bookies by id, sorted."""
+        ...
+
+    def watch_bookies(self) -> AsyncIterator[dict[str, BookieInfo]]:
+        """Snapshots of the registered bookies: the current one, then one per change."""
+        ...
+
+    async def get_cookie(self, bookie_id: str) -> Versioned | None:
+        """The bookie's cookie bytes and version, or None."""
+        ...
 
     async def put_cookie(
         self, bookie_id: str, data: bytes, expected_version: int | None
-    ) -> Versioned: ...
+    ) -> Versioned:
+        """Create (``expected_version`` None) or replace at a version. Raises
+        MetadataVersionError (with ``.current``)."""
+        ...
 
-    async def delete_cookie(self, bookie_id: str, expected_version: int) -> None: ...
+    async def delete_cookie(self, bookie_id: str, expected_version: int) -> None:
+        """Delete at a version. Raises MetadataVersionError (with ``.current``)."""
+        ...
 
-    async def init_cluster(self) -> str: ...
+    async def init_cluster(self) -> str:
+        """Create the cluster's instance id if there is none; return the stored one."""
+        ...
 
-    async def get_instance_id(self) -> str | None: ...
+    async def get_instance_id(self) -> str | None:
+        """The cluster's instance id, or None before ``init_cluster``."""
+        ...
 
-    async def close(self) -> None: ...
+    def statistics(self) -> dict[str, int]:
+        """Counters: calls, retries, conflicts, watch resumes, lease renewals, ..."""
+        ...
+
+    async def close(self) -> None:
+        """Stop keepalives (registrations stay until their leases expire) and disconnect."""
+        ...
 
 
 async def update_ledger(
@@ -90,11 +164,12 @@ async def update_ledger(
     """Read-transform-CAS until it sticks; return the value now stored.
 
     ``transform`` gets the current ``Versioned`` and returns the new metadata, or None to leave
-    it as it is; it may raise to abort (for example when it sees CLOSED).
+    it as it is; it may raise to abort (for example when it sees CLOSED). ``current`` saves
+    the first read when the caller already holds a (possibly stale) value.
 
     Raises:
         MetadataVersionError: still conflicting after ``retries_max`` attempts.
-        NoSuchLedgerError: the ledger does not exist.
+        NoSuchLedgerError: the ledger does not exist (or was deleted meanwhile).
     """
     for _ in range(retries_max):
         if current is None:
@@ -109,51 +184,146 @@ async def update_ledger(
     raise MetadataVersionError(f"ledger {ledger_id}: {retries_max} conflicting updates")
 
 
-async def watch_bookies(
-    store: MetadataStore, interval_s: float = 1.0
-) -> AsyncIterator[dict[str, BookieInfo]]:
-    """Snapshots of the available bookies: the current one, then each change.
+# --- helpers shared by the implementations ----------------------------------------------
 
-    Polls ``list_bookies`` every ``interval_s`` (one small range read): registrations change
-    rarely, and a poll needs no watch-resume logic. Ends when the caller stops iterating.
+
+def check_bookie_id(bookie_id: str) -> None:
+    """Bookie ids become etcd key segments: ``HOST:PORT`` style, no ``/``.
+
+    Raises:
+        IncorrectParameterError: empty, too long, or characters outside [A-Za-z0-9_.:[]-].
     """
-    last: dict[str, BookieInfo] | None = None
-    while True:
-        current = await store.list_bookies()
-        if current != last:
-            last = current
-            yield current
-        await asyncio.sleep(interval_s)
+    if not isinstance(bookie_id, str) or not _BOOKIE_ID.match(bookie_id):
+        raise IncorrectParameterError(
+            f"bookie id {bookie_id!r} must be 1-255 characters of [A-Za-z0-9_.:[]-]"
+        )
+
+
+def encode_ledger(metadata: LedgerMetadata, config: MetadataConfig) -> bytes:
+    """The stored JSON of ``metadata``, size-checked.
+
+    Raises:
+        IncorrectParameterError: over ``value_bytes_max`` (usually oversize custom metadata).
+    """
+    data = metadata.to_json_bytes()
+    if len(data) > config.value_bytes_max:
+        raise IncorrectParameterError(
+            f"ledger {metadata.ledger_id}: metadata is {len(data)} bytes encoded, over "
+            f"value_bytes_max={config.value_bytes_max} (custom metadata too large?)"
+        )
+    return data
+
+
+def check_cookie(bookie_id: str, data: bytes, config: MetadataConfig) -> None:
+    """Raises IncorrectParameterError for a bad bookie id or a cookie over the size limit."""
+    check_bookie_id(bookie_id)
+    if len(data) > config.value_bytes_max:
+        raise IncorrectParameterError(f"cookie of {bookie_id} is over value_bytes_max")
+
+
+def with_creator_token(
+    make: Callable[[int], LedgerMetadata], rng: random.Random
+) -> tuple[Callable[[int], LedgerMetadata], str]:
+    """``make`` with a creator token guaranteed, and that token."""
+    token = make(0).creator_token
+    if token:
+        return make, token
+    token = uuid.UUID(int=rng.getrandbits(128)).hex
+    return (lambda ledger_id: dataclasses.replace(make(ledger_id), creator_token=token)), token
+
+
+def new_instance_id(rng: random.Random) -> str:
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def no_such_ledger(ledger_id: int) -> NoSuchLedgerError:
+    return NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
+
+
+def offer(queue: asyncio.Queue, item: object) -> bool:
+    """Put without blocking the writer; a full queue loses its oldest item (returns False).
+
+    Watches carry states, not a log: the newest item must get through, older ones may go.
+    """
+    dropped = queue.full()
+    if dropped:
+        queue.get_nowait()
+    queue.put_nowait(item)
+    return not dropped
+
+
+def bookie_info_to_json(info: BookieInfo) -> bytes:
+    return json.dumps(info._asdict(), sort_keys=True).encode()
+
+
+def bookie_info_from_json(data: bytes) -> BookieInfo:
+    """Raises MetadataFormatError for anything but a registration's JSON."""
+    try:
+        doc = json.loads(data)
+        return BookieInfo(doc["bookie_id"], doc["address"], doc["rack"], bool(doc["read_only"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MetadataFormatError(f"invalid bookie registration {data[:200]!r}: {exc}") from exc
+
+
+# --- URIs -------------------------------------------------------------------------------
+
+
+class MetadataUri(NamedTuple):
+    """A parsed metadata URI: ``scheme`` etcd (endpoints, root) or memory (root = name)."""
+
+    scheme: str
+    endpoints: tuple[str, ...]
+    root: str
+
+
+def parse_metadata_uri(uri: str) -> MetadataUri:
+    """Parse ``etcd://HOST:PORT[,HOST:PORT...]/ROOT`` or ``memory://[NAME]``.
+
+    Raises:
+        ConfigError: an unknown scheme or a malformed URI (the message shows the right form).
+    """
+    form = "etcd://HOST:PORT[,HOST:PORT...]/ROOT or memory://[NAME]"
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        raise ConfigError(f"metadata URI {uri!r}: expected {form}")
+    if scheme == "memory":
+        return MetadataUri("memory", (), rest or "default")
+    if scheme != "etcd":
+        raise ConfigError(f"metadata URI {uri!r}: unknown scheme {scheme!r}; expected {form}")
+    hosts, _, root = rest.partition("/")
+    root = root.strip("/")
+    if not hosts or not _ROOT.match(root):
+        raise ConfigError(
+            f"metadata URI {uri!r}: expected {form}; ROOT is one or more /-separated "
+            f"segments of [A-Za-z0-9_.-]"
+        )
+    endpoints = tuple(hosts.split(","))
+    for endpoint in endpoints:
+        parse_address(endpoint)  # ConfigError naming the bad one
+    return MetadataUri("etcd", endpoints, "/" + root)
 
 
 @contextlib.asynccontextmanager
 async def open_metadata_store(
-    uri: str, config: MetadataConfig | None = None
+    uri: str, config: MetadataConfig | None = None, *, rng: random.Random | None = None
 ) -> AsyncIterator[MetadataStore]:
-    """Open the store a URI names; close it on exit.
+    """Open the store a URI names; close it on exit. ``rng`` draws ledger ids and jitter.
 
     Raises:
         ConfigError: an unknown scheme or a malformed URI.
-        MetadataUnavailableError: etcd cannot be reached.
+        MetadataUnavailableError: etcd cannot be reached (the message names the endpoints).
     """
     config = config or MetadataConfig()
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        raise ConfigError(f"metadata URI {uri!r}: expected etcd://HOST:PORT/ROOT or memory://")
+    parsed = parse_metadata_uri(uri)
     store: MetadataStore
-    if scheme == "memory":
+    if parsed.scheme == "memory":
         from .memory import MemoryMetadataStore
 
-        store = MemoryMetadataStore.named(rest or "default", config)
-    elif scheme == "etcd":
+        store = MemoryMetadataStore.named(parsed.root, config, rng=rng)
+    else:
         from .etcd import EtcdMetadataStore
 
-        hosts, _, root = rest.partition("/")
-        if not hosts or not root:
-            raise ConfigError(f"metadata URI {uri!r}: expected etcd://HOST:PORT[,...]/ROOT")
-        store = await EtcdMetadataStore.connect(hosts.split(","), "/" + root.strip("/"), config)
-    else:
-        raise ConfigError(f"metadata URI {uri!r}: unknown scheme {scheme!r} (etcd or memory)")
+        store = await EtcdMetadataStore.connect(parsed.endpoints, parsed.root, config, rng=rng)
     try:
         yield store
     finally:
