@@ -1,136 +1,265 @@
-"""Quorum math: write sets, ack sets, coverage, and the recovery-read decision. Pure code.
+"""Quorum math: write sets, ack sets and coverage. Pure: no I/O, no asyncio, no clock.
 
 Theory of operation
 -------------------
-Entries are striped round-robin: entry ``e`` goes to the ``WQ`` bookies at ensemble indexes
-``(e + i) % E`` — its *write set* (BookKeeper's ``RoundRobinDistributionSchedule``). An add
-completes when ``AQ`` distinct members of its write set acknowledged it (:class:`AckSet`).
+A ledger segment has an ensemble of ``E`` bookies. Entry ``e`` goes to the ``WQ`` bookies at
+ensemble indexes ``(e + i) % E`` for ``i < WQ`` — its **write set** (BookKeeper's
+``RoundRobinDistributionSchedule``); there are exactly ``E`` distinct write sets. An add is
+acknowledged once ``AQ`` distinct members of its write set stored it (:class:`AckSet`). The
+coroutines send requests and feed every answer into one of the objects here; these objects
+alone decide.
 
-**Coverage.** Any ack quorum of any entry lies inside that entry's write set, so to be sure "no
-AQ bookies could still accept an add" (fencing) it suffices that, for every write set of the
-ensemble, fewer than ``AQ`` members are *unknown* (:func:`is_covered`; the reference's
-``RRQuorumCoverageSet``; seed 000 calls it ensemble coverage, EC). The same rule over a single
-write set is quorum coverage (QC): ``WQ - AQ + 1`` explicit negatives from an entry's write set
-prove no ack quorum holds it.
+**Answers.** A bookie's answer is *positive* (OK), an *explicit negative* (NO_SUCH_ENTRY /
+NO_SUCH_LEDGER: the bookie positively lacks the data) or *unknown* (any other status, a
+timeout, a lost connection, a copy whose digest fails, limbo's UNKNOWN).
+:func:`~bookkeeper_aio.recovery_rules.classify` is the one place that sorts them; only
+explicit negatives may ever shrink a ledger.
 
-**Recovery reads** (:func:`recovery_read_decision`). Only NO_SUCH_ENTRY / NO_SUCH_LEDGER are
-negatives; every other answer (errors, timeouts, limbo's UNKNOWN) is unknown.
+**Coverage** (seed 000, "A note on Quorums"). A property is *covered* within a cohort when no
+ack quorum of the cohort lies entirely outside the bookies that satisfy it, equivalently when
+at least ``cohort - AQ + 1`` members satisfy it.
 
-* RECOVERABLE on ``positives_needed`` good copies (default 1; see below),
-* NOT_RECOVERABLE on QC negatives (``WQ - AQ + 1``): the ledger ends before this entry,
-* UNDECIDED when every member answered and neither holds: recovery must fail (and be retried),
-  never truncate,
-* PENDING otherwise.
+* :class:`EnsembleCoverage` (fencing and the LAC read; BookKeeper's ``RRQuorumCoverageSet``):
+  every ack quorum of every entry lies inside one of the ``E`` write sets, so it suffices that
+  each write set has fewer than ``AQ`` members that have not given a known answer (positive or
+  explicit negative), i.e. at least ``WQ - AQ + 1`` known answers per write set. Unknown
+  answers do **not** count: an erroring bookie may still be unfenced. Seed 000 writes this as
+  ``EC = E - AQ + 1`` known answers over the whole ensemble: the same rule when ``E == WQ``
+  (as in the TLA+ model); when striped, EC always implies our rule but demands more answers
+  than needed, so we follow the reference's exact per-write-set rule.
+* :class:`~bookkeeper_aio.recovery_rules.QuorumCoverage` (recovery reads) applies the rule to
+  one entry's write set: ``QC = WQ - AQ + 1`` explicit negatives prove no ack quorum holds it.
 
-Seed 000 asks for AQ positives; the reference implementation takes one. We take **one**: a copy
-whose digest verifies was sent by the writer, so including it (and writing it back to a full
-write quorum) can never lose or invent data, while demanding AQ copies can only turn a surviving
-entry into UNDECIDED (or, with ``WQ - 1`` negatives, into a truncation of an entry that exists).
-``positives_needed`` keeps the other choice testable.
+Guaranteed write quorum (seed 001) is an option of :class:`AckSet`: the client still
+acknowledges at ``AQ`` (the meaning of the LAC does not change), but a pending add may only be
+released from the writer's queue at ``WQ``, and until then the bookies that acknowledged it are
+*pinned* (an ensemble change must not replace them).
 
-Bug switches for the simulator (``unknown_as_negative``, ``below_last_segment``) re-introduce
-known protocol defects; they default to off and nothing but the simulator sets them.
+Answer classification, recovery-read decisions, the recovery start point and the fencing LAC
+live in :mod:`bookkeeper_aio.recovery_rules` (below this module) and are re-exported here.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from .errors import StatusCode, is_explicit_negative
+from .errors import StatusCode
+from .recovery_rules import (
+    Answer,
+    QuorumCoverage,
+    ReadDecision,
+    RecoveryReadRule,
+    classify,
+    fenced_lac,
+    recovery_read_decision,
+    recovery_start,
+)
 
 
 def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> tuple[int, ...]:
-    """Ensemble indexes that store ``entry_id``."""
+    """Ensemble indexes that store ``entry_id``, in write order: ``(entry_id + i) % E``.
+
+    Valid for ``entry_id >= 0`` and ``1 <= write_quorum <= ensemble_size``.
+    """
+    assert entry_id >= 0 and 1 <= write_quorum <= ensemble_size, (entry_id, write_quorum)
     return tuple((entry_id + i) % ensemble_size for i in range(write_quorum))
 
 
+def check_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
+    """Assert ``E >= WQ >= AQ >= 1`` (callers validated user input already)."""
+    assert ensemble_size >= write_quorum >= ack_quorum >= 1, (ensemble_size, write_quorum)
+
+
+# --- adds -----------------------------------------------------------------------------------
+
+
 class AckSet:
-    """Distinct acknowledgements from a write set; complete at ``ack_quorum``."""
+    """The acknowledgements of one add, from the members of its write set.
 
-    __slots__ = ("_acked", "ack_quorum", "write_set")
+    Valid states: ``completed`` (AQ distinct members acked; the add may be acknowledged to the
+    client in order), and with ``guaranteed_write_quorum`` additionally ``fully_replicated``
+    (all WQ acked) before the add is ``releasable`` from the writer's queue.
+    """
 
-    def __init__(self, members: tuple[int, ...], ack_quorum: int) -> None:
-        self.write_set = members
+    __slots__ = ("_acked", "_failed", "ack_quorum", "guaranteed_write_quorum", "write_set")
+
+    def __init__(
+        self, write_set: tuple[int, ...], ack_quorum: int, *, guaranteed_write_quorum: bool = False
+    ) -> None:
+        assert 1 <= ack_quorum <= len(write_set) == len(set(write_set)), (write_set, ack_quorum)
+        self.write_set = write_set
         self.ack_quorum = ack_quorum
+        self.guaranteed_write_quorum = guaranteed_write_quorum
         self._acked: set[int] = set()
+        self._failed: set[int] = set()
 
-    def add(self, index: int) -> bool:
-        """Record an ack from ensemble index ``index``; True once complete."""
+    def add_ack(self, index: int) -> bool:
+        """Record an ack from ensemble index ``index``; return ``completed``.
+
+        Acks from outside the write set are ignored; a repeated ack counts once.
+        """
         if index in self.write_set:
             self._acked.add(index)
-        return len(self._acked) >= self.ack_quorum
+            self._failed.discard(index)
+        return self.completed
 
-    def remove(self, index: int) -> None:
-        """Forget ``index``'s ack: its bookie was replaced and must store the entry anew."""
+    add = add_ack  # the name the writer used first
+
+    def fail(self, index: int) -> bool:
+        """Record that ``index`` failed this add; True if the ensemble must change for it.
+
+        Without guaranteed write quorum that is when more than ``WQ - AQ`` members failed (the
+        rest can no longer make an ack quorum; BookKeeper's ``failBookieAndCheck``); with it,
+        any failure, since the add must reach every member.
+        """
+        if index in self.write_set:
+            self._acked.discard(index)
+            self._failed.add(index)
+        slack = 0 if self.guaranteed_write_quorum else len(self.write_set) - self.ack_quorum
+        return len(self._failed) > slack
+
+    def remove(self, index: int) -> bool:
+        """Forget ``index``: its bookie was replaced by an ensemble change; return ``completed``.
+
+        The replacement must store the entry anew, so an earlier ack from the old bookie no
+        longer counts (BookKeeper's ``removeBookieAndCheck``). An add may thus fall back from
+        completed to not completed if it had not been acknowledged to the client yet.
+        """
         self._acked.discard(index)
+        self._failed.discard(index)
+        return self.completed
 
     @property
     def completed(self) -> bool:
+        """AQ distinct members acknowledged: the add counts as written."""
         return len(self._acked) >= self.ack_quorum
+
+    @property
+    def fully_replicated(self) -> bool:
+        """Every member of the write set acknowledged."""
+        return len(self._acked) == len(self.write_set)
+
+    @property
+    def releasable(self) -> bool:
+        """The writer may drop the add from its pending queue (AQ, or WQ when guaranteed)."""
+        return self.fully_replicated if self.guaranteed_write_quorum else self.completed
+
+    @property
+    def pinned(self) -> frozenset[int]:
+        """Indexes an ensemble change must not replace (guaranteed write quorum only).
+
+        The members holding a committed add that has not reached WQ: replacing one could leave
+        the committed entry on fewer than AQ bookies of the ensemble metadata names.
+        """
+        if self.guaranteed_write_quorum and self.completed and not self.fully_replicated:
+            return frozenset(self._acked)
+        return frozenset()
 
     @property
     def acked(self) -> frozenset[int]:
         return frozenset(self._acked)
 
+    @property
+    def failed(self) -> frozenset[int]:
+        return frozenset(self._failed)
+
+    def __repr__(self) -> str:
+        return f"AckSet(ws={self.write_set}, aq={self.ack_quorum}, acked={sorted(self._acked)})"
+
+
+# --- coverage -------------------------------------------------------------------------------
+
+
+class EnsembleCoverage:
+    """Fencing / LAC-read coverage of one ensemble (see the module docstring).
+
+    Feed every answer with :meth:`record`. ``covered`` becomes True once no ack quorum of any
+    write set is outside the known answers (then no normal add can reach AQ any more);
+    ``blocked`` becomes True once some write set has ``AQ`` members that answered unknown, so
+    the remaining bookies cannot complete it (retry those bookies or fail the recovery).
+    ``max_lac`` is the highest LAC reported by a positive answer (-1 if none).
+    """
+
+    __slots__ = ("_answers", "ack_quorum", "ensemble_size", "max_lac", "write_quorum")
+
+    def __init__(self, ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
+        check_quorums(ensemble_size, write_quorum, ack_quorum)
+        self.ensemble_size = ensemble_size
+        self.write_quorum = write_quorum
+        self.ack_quorum = ack_quorum
+        self.max_lac = -1
+        self._answers: list[Answer | None] = [None] * ensemble_size
+
+    def record(self, index: int, status: int | None, lac: int = -1) -> bool:
+        """Record bookie ``index``'s answer (None: no answer); return ``covered``.
+
+        ``lac`` is the LAC the bookie proved (verified by the caller), used only with OK.
+        A known answer is never downgraded by a later unknown one: a fence, once applied, stays.
+        """
+        assert 0 <= index < self.ensemble_size and lac >= -1, (index, lac)
+        answer = classify(status)
+        previous = self._answers[index]
+        if previous is None or answer > previous:
+            self._answers[index] = answer
+        if answer is Answer.POSITIVE:
+            self.max_lac = max(self.max_lac, lac)
+        return self.covered
+
+    @property
+    def covered(self) -> bool:
+        """Every write set has fewer than AQ members without a known answer."""
+        return all(
+            self._count(first, lambda a: a is None or a is Answer.UNKNOWN) < self.ack_quorum
+            for first in range(self.ensemble_size)
+        )
+
+    @property
+    def blocked(self) -> bool:
+        """Some write set has AQ members that answered unknown: coverage is out of reach."""
+        return any(
+            self._count(first, lambda a: a is Answer.UNKNOWN) >= self.ack_quorum
+            for first in range(self.ensemble_size)
+        )
+
+    @property
+    def known(self) -> frozenset[int]:
+        """Indexes that gave a positive or explicitly negative answer."""
+        return frozenset(i for i, a in enumerate(self._answers) if a in _KNOWN)
+
+    def _count(self, first: int, pred: Callable[[Answer | None], bool]) -> int:
+        members = write_set(first, self.ensemble_size, self.write_quorum)
+        return sum(1 for i in members if pred(self._answers[i]))
+
+    def __repr__(self) -> str:
+        marks = "".join("." if a is None else "?-+"[a] for a in self._answers)
+        return f"EnsembleCoverage({marks}, wq={self.write_quorum}, aq={self.ack_quorum})"
+
+
+_KNOWN = (Answer.POSITIVE, Answer.NEGATIVE)
+
 
 def is_covered(
     ensemble_size: int, write_quorum: int, ack_quorum: int, known: Iterable[int]
 ) -> bool:
-    """True when every write set has fewer than ``ack_quorum`` unknown members."""
-    answered = set(known)
-    for first in range(ensemble_size):
-        members = write_set(first, ensemble_size, write_quorum)
-        if sum(1 for m in members if m not in answered) >= ack_quorum:
-            return False
-    return True
+    """True when every write set has fewer than ``ack_quorum`` members outside ``known``."""
+    coverage = EnsembleCoverage(ensemble_size, write_quorum, ack_quorum)
+    for index in sorted(set(known)):
+        coverage.record(index, StatusCode.OK)
+    return coverage.covered
 
 
-class ReadDecision(enum.Enum):
-    RECOVERABLE = "recoverable"
-    NOT_RECOVERABLE = "not-recoverable"
-    UNDECIDED = "undecided"
-    PENDING = "pending"
-
-
-def recovery_read_decision(
-    statuses: Iterable[int | None],
-    write_quorum: int,
-    ack_quorum: int,
-    *,
-    positives_needed: int = 1,
-    unknown_as_negative: bool = False,
-) -> ReadDecision:
-    """Decide one entry from its write set's answers so far.
-
-    ``statuses`` has one item per member that answered: a StatusCode, or None for a timeout or
-    lost connection. OK means a copy whose digest verified.
-    """
-    positives = negatives = answered = 0
-    for status in statuses:
-        answered += 1
-        if status == StatusCode.OK:
-            positives += 1
-        elif (status is not None and is_explicit_negative(status)) or unknown_as_negative:
-            negatives += 1
-    if positives >= positives_needed:
-        return ReadDecision.RECOVERABLE
-    if negatives >= write_quorum - ack_quorum + 1:
-        return ReadDecision.NOT_RECOVERABLE
-    if answered >= write_quorum:
-        return ReadDecision.UNDECIDED
-    return ReadDecision.PENDING
-
-
-def recovery_start(
-    max_lac: int, last_segment_first_entry_id: int, *, below_last_segment: bool = False
-) -> int:
-    """The last entry known confirmed, where recovery's read-forward starts after.
-
-    ``max(LAC from fencing, first entry of the last segment - 1)``: an entry before the last
-    segment was confirmed before the ensemble change that created the segment (the fix for
-    BookKeeper #2615). The bug switch starts from the LAC alone.
-    """
-    if below_last_segment:
-        return max_lac
-    return max(max_lac, last_segment_first_entry_id - 1)
+__all__ = [
+    "AckSet",
+    "Answer",
+    "EnsembleCoverage",
+    "QuorumCoverage",
+    "ReadDecision",
+    "RecoveryReadRule",
+    "check_quorums",
+    "classify",
+    "fenced_lac",
+    "is_covered",
+    "recovery_read_decision",
+    "recovery_start",
+    "write_set",
+]
