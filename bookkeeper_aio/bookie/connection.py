@@ -211,6 +211,13 @@ class BookieConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def abort(self) -> None:
+        """Drop the connection now, unflushed output included (a crashing bookie)."""
+        self._closing = True
+        self._out.clear()
+        if self._transport is not None:
+            self._transport.abort()
+
     def statistics(self) -> dict[str, int]:
         """In-flight requests and bytes, queued output frames."""
         return {

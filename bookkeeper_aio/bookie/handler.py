@@ -270,7 +270,13 @@ class RequestHandler:
         if req.master_key is not None and req.master_key != state.master_key:
             reply(ReadResponse(rid, StatusCode.UNAUTHORIZED, lid, eid, None, None, None, None))
             return
-        record = self.engine.get_entry(lid, eid)
+        try:  # also runs from callbacks (fence durable, long-poll wake-up): catch here
+            record = self.engine.get_entry(lid, eid)
+        except OSError as exc:
+            self.counters["io_errors"] += 1
+            log.error("I/O error reading entry %d of ledger %d: %s", eid, lid, exc)
+            reply(ReadResponse(rid, StatusCode.IO_ERROR, lid, eid, None, None, None, None))
+            return
         if record is None:
             if missing_ok:
                 status = OK

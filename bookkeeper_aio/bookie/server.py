@@ -26,20 +26,15 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
-from pathlib import Path
-
-from engines import open_engine
 
 from ..config import BookieConfig, MetadataConfig
 from ..engine import Engine
 from ..metadata.store import BookieRegistration, MetadataStore, open_metadata_store
 from ..net import Network, Server, TcpNetwork
 from .connection import BookieConnection
-from .cookie import check_cookies
-from .disk import disk_usage, next_read_only
+from .disk import next_read_only
 from .handler import RequestHandler
-from .journal import Journal
-from .records import replay_into
+from .storage import BookieJournal, BookieStorage, DiskStorage
 
 log = logging.getLogger(__name__)
 
@@ -53,24 +48,29 @@ class Bookie:
         *,
         network: Network | None = None,
         engine: Engine | None = None,
+        storage: BookieStorage | None = None,
+        metadata: MetadataStore | None = None,
     ) -> None:
+        """``network``, ``storage`` and ``metadata`` are seams (the simulator passes its own);
+        by default TCP, the configured dirs (with ``engine`` if given) and ``metadata_uri``."""
         config.validate()
         self.config = config
         self.network = network or TcpNetwork()
+        self.storage = storage or DiskStorage(config, engine)
         self.counters: Counter[str] = Counter()
         self.connections: set[BookieConnection] = set()
         self.failure: BaseException | None = None
         self.stopped = asyncio.Event()  # stop() has begun
         self.closed = asyncio.Event()  # stop() has finished
-        self._engine = engine
-        self._journal: Journal | None = None
+        self._engine: Engine | None = None
+        self._journal: BookieJournal | None = None
         self._handler: RequestHandler | None = None
         self._server: Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._journal_full = False
         self._stop_task: asyncio.Task[None] | None = None
         self._exit_stack = contextlib.AsyncExitStack()
-        self.metadata: MetadataStore | None = None
+        self.metadata: MetadataStore | None = metadata
         self.instance_id: str | None = None
         self._registration: BookieRegistration | None = None
 
@@ -105,21 +105,18 @@ class Bookie:
             JournalFailedError: the journal is corrupt in a way replay cannot get past.
         """
         cfg = self.config
-        await asyncio.to_thread(_make_dirs, (cfg.journal_dir, *cfg.ledger_dirs))
-        if cfg.metadata_uri:
+        if self.metadata is None and cfg.metadata_uri:
             mcfg = MetadataConfig(lease_ttl_s=cfg.lease_ttl_s,
                                   keepalive_interval_s=max(0.5, cfg.lease_ttl_s / 4))  # fmt: skip
             self.metadata = await self._exit_stack.enter_async_context(
                 open_metadata_store(cfg.metadata_uri, mcfg)
             )
-            self.instance_id = await check_cookies(cfg, self.metadata)
-        if self._engine is None:
-            self._engine = await asyncio.to_thread(open_engine, cfg.engine, cfg.ledger_dirs)
-        journal = self._journal = Journal(
-            cfg.journal_dir, cfg, on_pressure=self._journal_pressure, on_failure=self._fatal
+        if self.metadata is not None:
+            self.instance_id = await self.storage.check_cookies(self.metadata)
+        self._engine, journal, replayed = await self.storage.open(
+            self._journal_pressure, self._fatal
         )
-        replayed = await asyncio.to_thread(replay_into, self._engine, journal.replay())
-        await journal.start()
+        self._journal = journal
         self._handler = RequestHandler(self._engine, journal, cfg, on_fatal=self._fatal)
         await journal.checkpoint(self._engine.sync)
         await self._check_disks()
@@ -183,7 +180,7 @@ class Bookie:
 
     async def _check_disks(self) -> None:
         cfg, handler = self.config, self.handler
-        usage = await asyncio.to_thread(disk_usage, cfg.ledger_dirs)
+        usage = await self.storage.disk_usage()
         handler.disk_space = (usage.free_bytes, usage.total_bytes)
         read_only = cfg.force_read_only or next_read_only(
             handler.read_only,
@@ -215,6 +212,24 @@ class Bookie:
         it is done. The task is owned here and awaited by ``stop`` callers via ``closed``."""
         if self._stop_task is None:
             self._stop_task = asyncio.get_running_loop().create_task(self.stop(), name="stop")
+
+    def abort(self) -> None:
+        """Stop at once without any cleanup, as ``kill -9`` would (the simulator's crash).
+
+        Closes the listener and every connection, cancels the background loops and abandons
+        the registration (its lease expires later). Storage is left exactly as it is: the
+        caller decides what of it survives.
+        """
+        self.stopped.set()
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.abort()
+        for task in self._tasks:
+            task.cancel()
+        if self._registration is not None:
+            self._registration.abandon()
+        self.closed.set()
 
     async def stop(self) -> None:
         """Clean shutdown (idempotent); see the module docstring for the order."""
@@ -261,7 +276,7 @@ class Bookie:
                 log.error("final checkpoint failed: %s", exc)
         await self._journal.close()
         await asyncio.sleep(0)  # let the drained callbacks' replies flush
-        await asyncio.to_thread(self._engine.close)
+        await self.storage.close_engine(self._engine)
 
     def statistics(self) -> dict[str, object]:
         """Counters of the server, the handler and the journal."""
@@ -271,8 +286,3 @@ class Bookie:
             "handler": self.handler.statistics(),
             "journal": self._journal.statistics() if self._journal else {},
         }
-
-
-def _make_dirs(dirs: tuple[str, ...]) -> None:
-    for d in dirs:
-        Path(d).mkdir(parents=True, exist_ok=True)

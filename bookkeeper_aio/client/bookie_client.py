@@ -336,7 +336,7 @@ class BookiePool:
         self.config = config
         self.rng = rng
         self._clients: dict[str, BookieClient] = {}
-        self._connecting: dict[str, asyncio.Future[BookieClient]] = {}
+        self._connecting: dict[str, asyncio.Task[BookieClient]] = {}
         self._backoff: dict[str, tuple[float, float]] = {}  # address -> (retry_at, delay)
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()  # connect-then-send, owned until done
@@ -364,21 +364,27 @@ class BookiePool:
             raise BookieUnavailableError(f"bookie {address} unreachable (backing off)")
         fut = self._connecting.get(address)
         if fut is None:
-            fut = self._connecting[address] = loop.create_future()
-            try:
-                client = await BookieClient.connect(self.network, address, self.config)
-            except BaseException as exc:
-                self._note_failure(address, loop.time())
-                fut.set_exception(exc)
-                fut.exception()  # consumed here; other waiters get it too
-                raise
-            finally:
-                self._connecting.pop(address, None)
-            self._backoff.pop(address, None)
-            self._clients[address] = client
-            fut.set_result(client)
-            return client
+            # The connect runs in a task of its own: a caller that gets cancelled (a read
+            # that lost a race) must not cancel the connect other callers wait for.
+            fut = self._connecting[address] = loop.create_task(self._connect(address))
+            fut.add_done_callback(_consume)  # every caller may be gone by the time it fails
         return await asyncio.shield(fut)
+
+    async def _connect(self, address: str) -> BookieClient:
+        loop = asyncio.get_running_loop()
+        try:
+            client = await BookieClient.connect(self.network, address, self.config)
+        except BaseException:
+            self._note_failure(address, loop.time())
+            raise
+        finally:
+            self._connecting.pop(address, None)
+        if self._closed:  # the pool closed while we were connecting
+            await client.close()
+            raise ClientClosedError("bookie pool closed")
+        self._backoff.pop(address, None)
+        self._clients[address] = client
+        return client
 
     def _note_failure(self, address: str, now: float) -> None:
         _, delay = self._backoff.get(address, (0.0, 0.0))
@@ -419,7 +425,7 @@ class BookiePool:
     async def close(self) -> None:
         """Close every connection."""
         self._closed = True
-        for task in list(self._tasks):
+        for task in [*self._tasks, *self._connecting.values()]:
             task.cancel()
         clients, self._clients = list(self._clients.values()), {}
         for c in clients:
@@ -430,3 +436,8 @@ class BookiePool:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -98,11 +98,18 @@ class LedgerReader:
                 continue
             if self.is_closed:
                 return
-            lac, _ = await long_poll(self.ctx, self.metadata, self.last_add_confirmed)
-            if lac > self.last_add_confirmed:
+            loop = asyncio.get_running_loop()
+            started, before = loop.time(), self.last_add_confirmed
+            lac, _ = await long_poll(self.ctx, self.metadata, before)
+            if lac > before:
                 self.last_add_confirmed = lac
-            else:  # no progress: maybe the writer closed (or changed ensemble)
-                await self.read_last_add_confirmed()
+                continue
+            # No progress: maybe the writer closed (or changed ensemble).
+            await self.read_last_add_confirmed()
+            fast = loop.time() - started < self.ctx.config.long_poll_timeout_ms / 2000
+            if fast and self.last_add_confirmed == before and not self.is_closed:
+                # Every replica failed fast (down, backing off): wait instead of spinning.
+                await asyncio.sleep(self.ctx.config.reconnect_backoff_s)
 
     async def _refresh_metadata(self) -> None:
         self._versioned = await self.ctx.metadata.read_ledger(self.ledger_id)

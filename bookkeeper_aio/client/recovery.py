@@ -156,14 +156,20 @@ async def _read_for_recovery(
 async def _write_back(
     ctx: ClientContext, md: LedgerMetadata, key: bytes, entry: Any, ensembles: dict
 ) -> None:
-    """Recovery-add ``entry`` to its write set until AQ bookies hold it (replacing failures)."""
-    first = max(f for f in ensembles if f <= entry.entry_id)
-    ensemble = ensembles[first]
+    """Recovery-add ``entry`` to its write set until AQ bookies hold it (replacing failures).
+
+    With the bug switch ``recovery-below-last-segment`` the entry goes to the *last* ensemble
+    whatever its id, as BookKeeper 4.13 did ("recovery adds go to the current ensemble"), so a
+    failure there makes a fragment start below the last segment (#2615).
+    """
+    below = ctx.has_bug("recovery-below-last-segment")
     fields = (md.ledger_id, entry.entry_id, ADD_FLAG_RECOVERY, key, entry.entry_lac,
               entry.payload, entry.digest)  # fmt: skip
     members = list(write_set(entry.entry_id, md.ensemble_size, md.write_quorum))
     acked: set[int] = set()
     for _attempt in range(md.ensemble_size + 3):
+        base = max(ensembles) if below else max(f for f in ensembles if f <= entry.entry_id)
+        ensemble = ensembles[base]
         targets = [i for i in members if i not in acked]
         results = await asyncio.gather(
             *(request(ctx, ensemble[i], AddRequest, *fields) for i in targets)
@@ -173,17 +179,21 @@ async def _write_back(
                 acked.add(index)
         if len(acked) >= md.ack_quorum:
             return
-        await _replace_locally(ctx, md, ensembles, entry.entry_id, set(targets) - acked)
-        ensemble = ensembles[max(f for f in ensembles if f <= entry.entry_id)]
+        await _replace_locally(ctx, md, ensembles, base, entry.entry_id, set(targets) - acked)
     raise LedgerRecoveryError(f"ledger {md.ledger_id}: could not write back {entry.entry_id}")
 
 
 async def _replace_locally(
-    ctx: ClientContext, md: LedgerMetadata, ensembles: dict, entry_id: int, failed: set[int]
+    ctx: ClientContext,
+    md: LedgerMetadata,
+    ensembles: dict,
+    base: int,
+    entry_id: int,
+    failed: set[int],
 ) -> None:
-    """A local ensemble change from ``entry_id``, committed only by the closing CAS."""
-    first = max(f for f in ensembles if f <= entry_id)
-    new = list(ensembles[first])
+    """A local ensemble change from ``entry_id`` (a copy of segment ``base`` with the failed
+    indexes replaced), committed only by the closing CAS."""
+    new = list(ensembles[base])
     bookies = (await ctx.metadata.list_bookies()).values()
     exclude = {new[i] for i in failed}
     try:

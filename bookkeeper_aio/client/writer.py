@@ -218,6 +218,11 @@ class LedgerWriter:
             self._send(op, index)
 
     def _complete_in_order(self) -> None:
+        if self._changing:
+            # Hold completions during an ensemble change (BookKeeper's changingEnsemble): an
+            # ack from a bookie being replaced must not complete an entry that the new
+            # segment (starting at LAC + 1) assigns to its replacement.
+            return
         pending = self._pending
         while pending and pending[0].ack_set.completed:
             op = pending.popleft()
@@ -261,6 +266,7 @@ class LedgerWriter:
                     self._failed_bookies.pop(index, None)
                 self._changing -= set(failed)
                 self._resend(failed)
+                self._complete_in_order()
         except BookKeeperError as exc:
             log.warning("ledger %d: ensemble change failed: %s", self.ledger_id, exc)
             self._fail(exc)

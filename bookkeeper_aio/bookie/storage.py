@@ -1,0 +1,99 @@
+"""Where a bookie keeps its data: the disk seam between the server and the file system.
+
+Theory of operation
+-------------------
+The server (``server.py``) never touches files itself. It asks a :class:`BookieStorage` to
+check cookies, open the engine and the journal (replaying the journal into the engine), measure
+disk usage and close the engine. :class:`DiskStorage` is production: real dirs, with every
+blocking call in a worker thread. The simulator (``bookkeeper_aio.sim``) passes its own
+storage, in memory and inline, so the same server code runs on a virtual clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from engines import open_engine
+
+from ..config import BookieConfig
+from ..engine import Engine
+from ..metadata.store import MetadataStore
+from .cookie import check_cookies
+from .disk import DiskUsage, disk_usage
+from .handler import JournalSink
+from .journal import Journal
+from .records import replay_into
+
+PressureCallback = Callable[[bool], None]
+FailureCallback = Callable[[BaseException], None]
+
+
+class BookieJournal(JournalSink, Protocol):
+    """What the server needs from a started journal (``journal.Journal``)."""
+
+    async def checkpoint(self, sync_engine: Callable[[], None]) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def statistics(self) -> dict[str, int | float]: ...
+
+
+class BookieStorage(Protocol):
+    """A bookie's storage, opened once per boot."""
+
+    async def check_cookies(self, metadata: MetadataStore) -> str:
+        """Validate (or on first boot write) the cookies; return the cluster's instance id."""
+        ...
+
+    async def open(
+        self, on_pressure: PressureCallback, on_failure: FailureCallback
+    ) -> tuple[Engine, BookieJournal, int]:
+        """Open the engine, replay the journal into it, start the journal.
+
+        Returns the engine, the started journal and the number of records replayed.
+        """
+        ...
+
+    async def disk_usage(self) -> DiskUsage: ...
+
+    async def close_engine(self, engine: Engine) -> None: ...
+
+
+class DiskStorage:
+    """Production storage: the configured dirs, blocking work in worker threads."""
+
+    def __init__(self, config: BookieConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self._engine = engine
+
+    async def check_cookies(self, metadata: MetadataStore) -> str:
+        cfg = self.config
+        await asyncio.to_thread(_make_dirs, (cfg.journal_dir, *cfg.ledger_dirs))
+        return await check_cookies(cfg, metadata)
+
+    async def open(
+        self, on_pressure: PressureCallback, on_failure: FailureCallback
+    ) -> tuple[Engine, BookieJournal, int]:
+        cfg = self.config
+        await asyncio.to_thread(_make_dirs, (cfg.journal_dir, *cfg.ledger_dirs))
+        engine = self._engine
+        if engine is None:
+            engine = await asyncio.to_thread(open_engine, cfg.engine, cfg.ledger_dirs)
+        journal = Journal(cfg.journal_dir, cfg, on_pressure=on_pressure, on_failure=on_failure)
+        replayed = await asyncio.to_thread(replay_into, engine, journal.replay())
+        await journal.start()
+        return engine, journal, replayed
+
+    async def disk_usage(self) -> DiskUsage:
+        return await asyncio.to_thread(disk_usage, self.config.ledger_dirs)
+
+    async def close_engine(self, engine: Engine) -> None:
+        await asyncio.to_thread(engine.close)
+
+
+def _make_dirs(dirs: tuple[str, ...]) -> None:
+    for d in dirs:
+        Path(d).mkdir(parents=True, exist_ok=True)

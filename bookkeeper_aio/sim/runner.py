@@ -1,0 +1,151 @@
+"""Run one seed, or sweep many, and report invariant violations.
+
+Theory of operation
+-------------------
+:func:`run_seed` builds a fresh :class:`~bookkeeper_aio.sim.loop.VirtualTimeLoop`, a
+:class:`~bookkeeper_aio.sim.world.World` and a scenario from the seed, plays it and returns a
+:class:`SimResult`. Everything random comes from the seed, so the same seed (and bug switches)
+replays the same run exactly: same trace, same virtual end time. An exception that escapes a
+callback or task, a deadlock, or a run that exceeds ``VIRTUAL_LIMIT_S`` is a violation too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checkers import History, Violation
+from .loop import Deadlock, Livelock, VirtualTimeLoop
+from .workload import Run, Scenario, draw_scenario
+from .world import Faults, World
+
+VIRTUAL_LIMIT_S = 600.0
+
+KNOWN_BUGS = (
+    "recovery-reads-without-fence",
+    "recovery-below-last-segment",
+    "unknown-as-negative",
+)
+
+
+@dataclass
+class SimResult:
+    seed: int
+    bugs: frozenset[str]
+    scenario: Scenario
+    violations: list[Violation]
+    trace: list[str]
+    virtual_s: float
+    wall_s: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def report(self) -> str:
+        """The seed, the violations and the tail of the trace."""
+        bugs = "".join(f" --bug {b}" for b in sorted(self.bugs))
+        lines = [
+            f"seed {self.seed}: {len(self.violations)} violation(s); replay with "
+            f"python -m bookkeeper_aio.sim --seed {self.seed}{bugs}",
+            f"scenario: {self.scenario}",
+        ]
+        lines += [f"  {v}" for v in self.violations]
+        lines.append("trace (the events up to the first violation):")
+        lines += [f"  {t}" for t in self.trace]
+        return "\n".join(lines)
+
+
+def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
+    """Play the scenario of ``seed`` with the given bug switches; see the module docstring."""
+    bugs = frozenset(bugs)
+    unknown = bugs - set(KNOWN_BUGS)
+    if unknown:
+        raise ValueError(f"unknown bug switch(es): {sorted(unknown)}; known: {KNOWN_BUGS}")
+    started = time.perf_counter()
+    loop = VirtualTimeLoop()
+    faults = Faults()
+    world = World(seed, faults, bugs)
+    history = History(loop.time)
+    world.state.on_metadata = history.metadata_written
+    scenario = draw_scenario(world.rng, faults)
+    world.calm_rates_changed()
+    run = Run(world, scenario, history)
+    loop.set_exception_handler(lambda _loop, ctx: _unhandled(history, ctx))
+    try:
+        loop.run_until_complete(_bounded(run.play()))
+    except (Deadlock, Livelock) as exc:
+        history.violate("Liveness", f"{type(exc).__name__.lower()}: {exc}")
+    except TimeoutError:
+        history.violate("Liveness", f"the run did not end within {VIRTUAL_LIMIT_S} virtual s")
+    except Exception as exc:  # a bug in the code under test (or the simulator): report it
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        history.violate(
+            "NoUnhandledErrors", f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})"
+        )
+    finally:
+        virtual_s = loop.time()
+        _teardown(loop, world)
+    stats = {"net": dict(world.net.counters), "metadata_revision": world.state.revision}
+    return SimResult(
+        seed,
+        bugs,
+        scenario,
+        list(history.violations),
+        history.first_trace or list(history.trace),
+        virtual_s,
+        time.perf_counter() - started,
+        stats,
+    )
+
+
+async def _bounded(coro: Any) -> None:
+    async with asyncio.timeout(VIRTUAL_LIMIT_S):
+        await coro
+
+
+def _unhandled(history: History, context: dict[str, Any]) -> None:
+    exc = context.get("exception")
+    if exc is None or isinstance(exc, asyncio.CancelledError):
+        return
+    history.violate("NoUnhandledErrors", f"{context.get('message')}: {type(exc).__name__}: {exc}")
+
+
+def _teardown(loop: VirtualTimeLoop, world: World) -> None:
+    try:
+        for node in world.bookies:
+            if node.up:
+                node.crash(power_loss=False)
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    except (Deadlock, Livelock):
+        pass
+    finally:
+        loop.close()
+
+
+def sweep(
+    seeds: Iterable[int], bugs: Iterable[str] = (), *, stop_at_first: bool = False
+) -> Iterator[SimResult]:
+    """Run seeds in order, yielding each result; optionally stop at the first violation."""
+    for seed in seeds:
+        result = run_seed(seed, bugs)
+        yield result
+        if stop_at_first and not result.ok:
+            return
+
+
+def quiet_logging() -> None:
+    """The simulated components log real errors on purpose (injected faults): keep only
+    critical ones, so a sweep's output is the checkers' report."""
+    logging.getLogger("bookkeeper_aio").setLevel(logging.CRITICAL + 1)
