@@ -5,7 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint format run bench clean
+.PHONY: setup test lint format run bench sim chaos clean
+SEEDS    ?= 0-999
+DURATION ?= 600
 
 setup: $(STAMP)
 
@@ -32,6 +34,12 @@ run: setup
 
 bench: setup
 	$(PY) -m benchmarks all --short
+
+sim: setup
+	$(PY) -m bookkeeper_aio.sim --seeds $(SEEDS)
+
+chaos: setup
+	$(PY) -m bookkeeper_aio.chaos --duration $(DURATION)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -214,9 +214,12 @@ async def _close(ctx: ClientContext, versioned: Versioned, last: int, ensembles:
     def close(v: Versioned) -> LedgerMetadata | None:
         md: LedgerMetadata = v.value
         if md.state is LedgerState.CLOSED:
-            if md.last_entry_id != last:  # never expected: both read the same fenced bookies
-                log.error("ledger %d closed by another recoverer at %d, we found %d",
-                          md.ledger_id, md.last_entry_id, last)  # fmt: skip
+            if md.last_entry_id != last:
+                # Possible and safe: an entry held by fewer than AQ bookies (never acknowledged)
+                # is recoverable or not depending on which bookie answers first. The first
+                # close wins; nothing acknowledged is past either end.
+                log.warning("ledger %d closed by another recoverer at %d, we found %d",
+                            md.ledger_id, md.last_entry_id, last)  # fmt: skip
             return None
         if md.state is not LedgerState.IN_RECOVERY:
             raise MetadataVersionError(f"ledger {md.ledger_id} changed state during recovery")

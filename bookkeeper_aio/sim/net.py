@@ -13,7 +13,8 @@ coalesces a loop iteration's replies into one ``writelines``), so dropping, dupl
 reordering a write never cuts a frame. Per write, in this order: a partition between the two
 nodes or ``loss_rate`` drops it (the connection stays up: the sender's request times out, as
 with a stalled TCP connection); otherwise it arrives after ``latency_s`` (uniform) plus the
-extra latency of slow endpoints; ``reorder_rate`` adds up to ``reorder_delay_s`` and lets the
+extra latency of slow endpoints and of a slow link (one direction); ``reorder_rate`` adds up
+to ``reorder_delay_s`` and lets the
 write overtake earlier ones (writes otherwise keep FIFO order per direction);
 ``duplicate_rate`` delivers it a second time. The first write of a connection (the handshake)
 is never lost, duplicated or reordered: the point is to test the protocol, not the handshake.
@@ -51,7 +52,8 @@ class SimNetwork:
         self.faults = faults or NetFaults()
         self.listeners: dict[str, tuple[str, Callable[[], asyncio.Protocol]]] = {}
         self.partitions: set[frozenset[str]] = set()
-        self.slow_s: dict[str, float] = {}
+        self.slow_s: dict[str, float] = {}  # node -> extra latency of all its traffic
+        self.slow_link_s: dict[tuple[str, str], float] = {}  # (src, dst) -> extra latency
         self.transports: list[SimTransport] = []
         self.counters: Counter[str] = Counter()
 
@@ -69,6 +71,7 @@ class SimNetwork:
         """Remove every partition and slow node; keep the random fault rates."""
         self.partitions.clear()
         self.slow_s.clear()
+        self.slow_link_s.clear()
 
     def kill_node(self, node: str) -> None:
         """``node`` crashed: its listeners vanish and every connection of it is reset."""
@@ -80,7 +83,8 @@ class SimNetwork:
 
     def latency(self, src: str, dst: str) -> float:
         low, high = self.faults.latency_s
-        return self.rng.uniform(low, high) + self.slow_s.get(src, 0.0) + self.slow_s.get(dst, 0.0)
+        slow = self.slow_s.get(src, 0.0) + self.slow_s.get(dst, 0.0)
+        return self.rng.uniform(low, high) + slow + self.slow_link_s.get((src, dst), 0.0)
 
     def cut(self, src: str, dst: str) -> bool:
         return frozenset((src, dst)) in self.partitions

@@ -29,7 +29,7 @@ from .checkers import History, check_all
 from .world import Faults, World, close_client
 
 QUORUMS = ((3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (4, 2, 2), (5, 3, 2), (2, 2, 2))
-STORM_QUORUMS = ((3, 3, 3), (2, 2, 2), (3, 3, 2), (3, 2, 2))
+STORM_QUORUMS = ((2, 2, 2), (2, 2, 2), (3, 3, 3), (3, 3, 2))
 PASSWORD = b"sim"
 
 
@@ -49,6 +49,8 @@ class Scenario:
     partitions: int
     slowdowns: int
     blips_per_s: float  # brief cuts (5-50 ms) between a client and a bookie
+    slow_links: int  # a writer's link to one bookie gets slow for a while
+    storm: bool  # recoverers keep striking at busy writers, who keep starting new ledgers
     fault_phase_s: float
     liveness_s: float = 120.0
     check_interval_s: float = 0.1
@@ -68,14 +70,14 @@ def draw_scenario(rng: random.Random, faults: Faults) -> Scenario:
     quorums = STORM_QUORUMS if storm else QUORUMS
     quorum = rng.choice([q for q in quorums if q[0] < bookies])
     net = faults.net
-    net.latency_s = (0.0001, rng.choice((0.001, 0.005, 0.02)))
+    net.latency_s = (0.0001, rng.choice((0.005, 0.02) if storm else (0.001, 0.005, 0.02)))
     net.loss_rate = rng.choice((0.03, 0.06, 0.1) if storm else (0.0, 0.001, 0.01))
     net.duplicate_rate = rng.choice((0.0, 0.01, 0.05))
     net.reorder_rate = rng.choice((0.3, 0.5) if storm else (0.0, 0.1, 0.3))
-    net.reorder_delay_s = rng.choice((0.1, 0.2) if storm else (0.02, 0.05))
+    net.reorder_delay_s = rng.choice((0.2, 0.5) if storm else (0.02, 0.05))
     faults.disk.fsync_s = (0.0001, rng.choice((0.001, 0.01)))
     faults.disk.io_error_rate = rng.choice((0.0, 0.0, 0.001))
-    faults.metadata_latency_s_max = rng.choice((0.0, 0.002, 0.02))
+    faults.metadata_latency_s_max = rng.choice((0.0, 0.001) if storm else (0.0, 0.002, 0.02))
     faults.metadata_failure_rate = rng.choice((0.0, 0.0, 0.02))
     faults.metadata_lost_reply_rate = rng.choice((0.0, 0.0, 0.01))
     return Scenario(
@@ -84,13 +86,15 @@ def draw_scenario(rng: random.Random, faults: Faults) -> Scenario:
         writers=rng.randint(1, 3),
         ledgers_per_writer=rng.randint(1, 3),
         entries_max=rng.randint(5, 60),
-        outstanding_max=rng.randint(4, 20) if storm else rng.randint(1, 10),
+        outstanding_max=rng.randint(1, 3) if storm else rng.randint(1, 10),
         recoveries=rng.randint(8, 16) if storm else rng.randint(1, 5),
         crashes=rng.randint(2, 5) if storm else rng.randint(0, 4),
         power_loss_share=rng.random(),
         partitions=rng.randint(0, 2),
         slowdowns=rng.randint(1, 3) if storm else rng.randint(0, 2),
         blips_per_s=rng.choice((20.0, 50.0)) if storm else rng.choice((0.0, 0.0, 5.0)),
+        slow_links=rng.randint(2, 6) if storm else rng.randint(0, 1),
+        storm=storm,
         fault_phase_s=rng.uniform(2.0, 8.0),
     )
 
@@ -147,7 +151,10 @@ class Run:
             self.check()
 
     async def _writer(self, index: int) -> None:
-        for k in range(self.sc.ledgers_per_writer):
+        loop = asyncio.get_running_loop()
+        for k in range(self.sc.ledgers_per_writer + 8 * self.sc.storm):
+            if k >= self.sc.ledgers_per_writer and loop.time() > self.sc.fault_phase_s:
+                break  # a storm's writers start new ledgers until the faults stop
             bk = self._client(f"writer-{index}-{k}")
             try:
                 await self._write_ledger(bk, f"writer-{index}-{k}")
@@ -218,9 +225,16 @@ class Run:
             await close_client(bk)
 
     async def _recoverer(self, k: int) -> None:
+        loop = asyncio.get_running_loop()
         await asyncio.sleep(self.rng.uniform(0.1, self.sc.fault_phase_s))
-        if not self.ledger_ids:
-            return
+        while True:
+            if self.ledger_ids:
+                await self._recover_one(f"recoverer-{k}")
+            if not self.sc.storm or loop.time() > self.sc.fault_phase_s:
+                return
+            await asyncio.sleep(self.rng.uniform(0.05, 0.5))
+
+    async def _recover_one(self, name: str) -> None:
         # Prefer a ledger still being written: recovery racing the writer is the hard case.
         open_ids = [
             i
@@ -235,7 +249,7 @@ class Run:
                 if writer.statistics()["pending_adds"]:
                     break
                 await asyncio.sleep(0.002)
-        await self._recover_and_read(f"recoverer-{k}", lid)
+        await self._recover_and_read(name, lid)
 
     async def _recover_and_read(self, name: str, lid: int) -> bool:
         bk = self._client(name)
@@ -275,6 +289,7 @@ class Run:
     async def _faults(self) -> None:
         sc, rng, world = self.sc, self.rng, self.world
         actions = ["crash"] * sc.crashes + ["partition"] * sc.partitions + ["slow"] * sc.slowdowns
+        actions += ["slow-link"] * sc.slow_links
         rng.shuffle(actions)
         for action in actions:
             await asyncio.sleep(rng.uniform(0.05, sc.fault_phase_s / (len(actions) + 1)))
@@ -288,10 +303,25 @@ class Run:
                 )
                 world.net.partition(a, b)
                 self.history.note(f"partition {a} <-> {b}")
+            elif action == "slow-link":
+                self._slow_link()
             else:
                 node = rng.choice(world.bookies)
                 world.net.slow_s[node.name] = rng.choice((0.05, 0.3, 1.5))
                 self.history.note(f"{node.name} slows down by {world.net.slow_s[node.name]} s")
+
+    def _slow_link(self) -> None:
+        """One writer's adds to one bookie lag (the other replicas and every other client
+        are unaffected) for a while."""
+        writers = [n for n in self.client_names[-8:] if n.startswith("writer")]
+        if not writers:
+            return
+        link = (self.rng.choice(writers), self.rng.choice(self.world.bookies).name)
+        delay = self.rng.choice((0.02, 0.05, 0.2))
+        self.world.net.slow_link_s[link] = delay
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.rng.uniform(0.2, 2.0), self.world.net.slow_link_s.pop, link, None)
+        self.history.note(f"link {link[0]} -> {link[1]} slows down by {delay} s")
 
     def _crash_one(self) -> None:
         up = [b for b in self.world.bookies if b.up]
