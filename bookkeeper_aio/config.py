@@ -165,6 +165,11 @@ class BookieConfig(_Config):
     rack: str | None = None  # network location for placement, e.g. "/zone-a/rack-1"
     lease_ttl_s: int = 10  # a bookie killed with kill -9 disappears after this long
 
+    # BP-46: running without the journal (see docs/operations.md#running-without-the-journal).
+    journal_write_data: bool = True  # False: adds skip the journal (fences etc. still use it)
+    data_integrity_check_interval_s: float = 60.0  # limbo repair and entry checks; 0: boot only
+    data_integrity_copies_in_flight_max: int = 64  # entries copied from peers at once
+
     list_entries_max: int = 100_000  # entry ids per LIST_ENTRIES answer
     shutdown_timeout_s: float = 30.0
 
@@ -186,6 +191,16 @@ class BookieConfig(_Config):
             raise ConfigError("journal_batch_wait_ms must be >= 0")
         if self.journal_batch_bytes_max > self.journal_queue_bytes_max:
             raise ConfigError("journal_batch_bytes_max must be <= journal_queue_bytes_max")
+        if not self.journal_write_data and not self.metadata_uri:
+            raise ConfigError(
+                "journal_write_data=false needs metadata_uri: after a crash the bookie must "
+                "learn from the metadata store which ledgers to fence and repair (BP-46)"
+            )
+        if self.data_integrity_check_interval_s < 0 or self.data_integrity_copies_in_flight_max < 1:
+            raise ConfigError(
+                "data_integrity_check_interval_s must be >= 0 and "
+                "data_integrity_copies_in_flight_max >= 1"
+            )
         if self.journal_file_bytes_max < self.frame_bytes_max + self.journal_batch_bytes_max:
             raise ConfigError("journal_file_bytes_max must hold a batch plus the largest frame")
 

@@ -236,3 +236,29 @@ def test_list_entries_in_ranges_with_pagination():
 def test_to_ranges_covers_exactly_the_ids(ids):
     ranges = to_ranges(ids)
     assert [i for a, b in ranges for i in range(a, b + 1)] == ids
+
+
+def test_limbo_lac_reads_are_unknown_and_a_lost_key_is_learned_from_a_fence():
+    """BP-46: a ledger put in limbo at boot without local data has no master key yet."""
+    from bookkeeper_aio.bookie.handler import UNKNOWN_KEY
+
+    h = Harness()
+    h.handler.set_limbo(L, UNKNOWN_KEY, True, lambda exc: None)
+    h.journal.sync()
+    fence = h.send(ReadLacRequest, L, READ_FLAG_FENCE, KEY)
+    assert fence.status == StatusCode.UNKNOWN  # its LAC may be too low: never a known answer
+    assert h.engine.get_ledger(L).master_key == KEY  # learned from the fence
+    assert h.send(ReadLacRequest, L, READ_FLAG_FENCE, OTHER_KEY).status == StatusCode.UNAUTHORIZED
+    assert h.add(0, flags=ADD_FLAG_RECOVERY).status == StatusCode.OK  # repair can write
+    assert h.read(0).status == StatusCode.OK and h.read(1).status == StatusCode.UNKNOWN
+
+
+def test_without_journal_data_an_add_is_acknowledged_before_any_sync():
+    h = Harness(journal_write_data=False, metadata_uri="memory://x")
+    reply = h.add(0, b"fast", sync=False)
+    assert reply is not None and reply.status == StatusCode.OK
+    assert [r for r, _, _ in h.journal.pending] == [REC_MASTER_KEY]  # no REC_ENTRY
+    fence = h.send(ReadLacRequest, L, READ_FLAG_FENCE, KEY, sync=False)
+    assert fence is None  # fences still wait for the journal
+    h.journal.sync()
+    assert h.replies[-1].status == StatusCode.OK

@@ -187,3 +187,11 @@ def _drain_until_closed(sock: socket.socket) -> None:
                 return
         except ConnectionResetError:
             return
+
+
+def test_journal_write_data_false_needs_a_metadata_store():
+    from bookkeeper_aio.config import BookieConfig
+    from bookkeeper_aio.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="metadata_uri"):
+        BookieConfig(journal_write_data=False).validate()

@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metadata", metavar="URI", dest="metadata_uri",
                    help="etcd://HOST:PORT[,...]/ROOT: register, check cookies")  # fmt: skip
     p.add_argument("--rack", metavar="LOCATION", help="network location, e.g. /zone-a/rack-1")
+    p.add_argument("--journal-write-data", choices=("true", "false"),
+                   help="false: adds skip the journal (BP-46; needs --metadata)")  # fmt: skip
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                    help="any other config key (TOML value syntax), repeatable")  # fmt: skip
     p.add_argument("--log-level", default="INFO")
@@ -54,6 +56,8 @@ def build_config(args: argparse.Namespace) -> BookieConfig:
             overrides[name] = value
     if args.ledger_dir:
         overrides["ledger_dirs"] = tuple(args.ledger_dir)
+    if args.journal_write_data is not None:
+        overrides["journal_write_data"] = args.journal_write_data == "true"
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:

@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 
 Reply = Callable[[Message], None]
 OK = StatusCode.OK
+UNKNOWN_KEY = b""  # the master key of a ledger entered into limbo without local data
 
 
 class JournalSink(Protocol):
@@ -152,11 +153,50 @@ class RequestHandler:
         self.engine.put_ledger(ledger_id, state.info())
         return state
 
+    def limbo_ledgers(self) -> list[tuple[int, bytes]]:
+        """(ledger id, master key) of every ledger in limbo (the key may be ``UNKNOWN_KEY``)."""
+        found = []
+        for ledger_id in self.engine.ledgers():
+            state = self.ledger(ledger_id)
+            if state is not None and state.view is LedgerView.LIMBO:
+                found.append((ledger_id, state.master_key))
+        return found
+
+    def holds(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the engine has the entry (repair checks)."""
+        return self.engine.get_entry(ledger_id, entry_id) is not None
+
+    def store_copy(self, ledger_id: int, entry_id: int, record: bytes, done: Callable) -> None:
+        """Store an entry copied from a peer by the integrity check; ``done(exc)`` once it is
+        as durable as an add would be."""
+        if self.ledger(ledger_id) is None:
+            self._new_ledger(ledger_id, UNKNOWN_KEY, LedgerView.FENCED)
+        self.engine.put_entry(ledger_id, entry_id, record)
+        if self.config.journal_write_data:
+            self.journal.append(REC_ENTRY, entry_body(ledger_id, entry_id, record), done)
+        else:
+            done(None)
+
+    def _key_ok(self, state: LedgerState, key: bytes | None) -> bool:
+        """Does ``key`` match the ledger's master key? A ledger put in limbo at boot after its
+        data was lost has no key yet (``UNKNOWN_KEY``): the first client that proves one (a
+        fence, a recovery add) teaches it, as BookKeeper's empty-key limbo records do."""
+        if state.master_key == UNKNOWN_KEY and key is not None and len(key) == MASTER_KEY_BYTES:
+            state.master_key = key
+            self.engine.put_ledger(state.ledger_id, state.info())
+        return key == state.master_key
+
     def set_limbo(self, ledger_id: int, master_key: bytes, limbo: bool, done: Callable) -> None:
-        """Enter or leave limbo (BP-46); ``done(exc)`` once the change is durable."""
+        """Enter or leave limbo (BP-46); ``done(exc)`` once the change is durable.
+
+        Entering limbo also fences: the ledger's writer must not add to a bookie that may
+        have lost entries."""
         state = self.ledger(ledger_id) or self._new_ledger(ledger_id, master_key, LedgerView.LIMBO)
-        state.move_to(LedgerView.LIMBO if limbo else LedgerView.FENCED)
+        target = LedgerView.LIMBO if limbo else LedgerView.FENCED
+        if state.view is not target:
+            state.move_to(target)
         self.engine.put_ledger(ledger_id, state.info())
+        state.wake_waiters()
         self.journal.append(REC_LIMBO, limbo_body(ledger_id, state.master_key, limbo), done)
 
     def forget(self, ledger_id: int) -> None:
@@ -179,7 +219,7 @@ class RequestHandler:
         if state is None:
             state = self._new_ledger(lid, req.master_key, LedgerView.ACTIVE)
             self.journal.append(REC_MASTER_KEY, ledger_body(lid, req.master_key), _ignore)
-        elif state.master_key != req.master_key:
+        elif not self._key_ok(state, req.master_key):
             reply(AddResponse(rid, StatusCode.UNAUTHORIZED, lid, eid))
             return
         if state.fenced and not req.flags & ADD_FLAG_RECOVERY:
@@ -190,11 +230,17 @@ class RequestHandler:
         record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
         self.engine.put_entry(lid, eid, record)
 
-        def durable(exc: BaseException | None) -> None:
-            reply(AddResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid, eid))
-
-        self.journal.append(REC_ENTRY, entry_body(lid, eid, record), durable)
         self.counters["adds"] += 1
+        if not self.config.journal_write_data:
+            # BP-46: no journal for data; the replicas and the limbo protocol make up for a
+            # crash that loses what the engine had not synced.
+            reply(AddResponse(rid, OK, lid, eid))
+        else:
+
+            def durable(exc: BaseException | None) -> None:
+                reply(AddResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid, eid))
+
+            self.journal.append(REC_ENTRY, entry_body(lid, eid, record), durable)
         if state.offer_lac(LacProof(eid, req.lac, pdigest, req.digest)):
             state.wake_waiters()
 
@@ -221,7 +267,7 @@ class RequestHandler:
         if state is None:  # a fence of an unknown ledger records it as fenced
             state = self._new_ledger(ledger_id, master_key, LedgerView.FENCED)
             state.fence_durable = False
-        elif state.master_key != master_key:
+        elif not self._key_ok(state, master_key):
             then(StatusCode.UNAUTHORIZED)
             return
         elif not state.fenced:
@@ -267,7 +313,7 @@ class RequestHandler:
         if state is None:
             reply(ReadResponse(rid, StatusCode.NO_SUCH_LEDGER, lid, eid, None, None, None, None))
             return
-        if req.master_key is not None and req.master_key != state.master_key:
+        if req.master_key is not None and not self._key_ok(state, req.master_key):
             reply(ReadResponse(rid, StatusCode.UNAUTHORIZED, lid, eid, None, None, None, None))
             return
         try:  # also runs from callbacks (fence durable, long-poll wake-up): catch here
@@ -331,8 +377,10 @@ class RequestHandler:
             if state is None:
                 status = status if status != OK else StatusCode.NO_SUCH_LEDGER
                 reply(ReadLacResponse(rid, status, lid, None, -1))
-            elif req.master_key is not None and req.master_key != state.master_key:
+            elif req.master_key is not None and not self._key_ok(state, req.master_key):
                 reply(ReadLacResponse(rid, StatusCode.UNAUTHORIZED, lid, None, -1))
+            elif state.view is LedgerView.LIMBO:  # BP-46: its LAC may be too low: unknown
+                reply(ReadLacResponse(rid, StatusCode.UNKNOWN, lid, None, -1))
             else:
                 last = self.engine.last_entry_id(lid)
                 reply(ReadLacResponse(rid, OK, lid, state.lac_proof, last))
@@ -351,7 +399,7 @@ class RequestHandler:
         if state is None:
             reply(WriteLacResponse(rid, StatusCode.NO_SUCH_LEDGER, lid))
             return
-        if req.master_key != state.master_key:
+        if not self._key_ok(state, req.master_key):
             reply(WriteLacResponse(rid, StatusCode.UNAUTHORIZED, lid))
             return
         if req.digest != lac_digest(lid, req.lac):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -34,6 +35,7 @@ from ..net import Network, Server, TcpNetwork
 from .connection import BookieConnection
 from .disk import next_read_only
 from .handler import RequestHandler
+from .integrity import BOOKIE_BUGS, DataIntegrity
 from .storage import BookieJournal, BookieStorage, DiskStorage
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,8 @@ class Bookie:
         engine: Engine | None = None,
         storage: BookieStorage | None = None,
         metadata: MetadataStore | None = None,
+        rng: random.Random | None = None,
+        bugs: frozenset[str] = frozenset(),
     ) -> None:
         """``network``, ``storage`` and ``metadata`` are seams (the simulator passes its own);
         by default TCP, the configured dirs (with ``engine`` if given) and ``metadata_uri``."""
@@ -57,6 +61,9 @@ class Bookie:
         self.config = config
         self.network = network or TcpNetwork()
         self.storage = storage or DiskStorage(config, engine)
+        self.rng = rng or random.Random()
+        self.bugs = bugs  # simulator only: BP-46 bug switches (integrity.BOOKIE_BUGS)
+        self.integrity: DataIntegrity | None = None
         self.counters: Counter[str] = Counter()
         self.connections: set[BookieConnection] = set()
         self.failure: BaseException | None = None
@@ -120,6 +127,8 @@ class Bookie:
         self._handler = RequestHandler(self._engine, journal, cfg, on_fatal=self._fatal)
         await journal.checkpoint(self._engine.sync)
         await self._check_disks()
+        await self._preboot()
+        await self.storage.mark_running(True)
         self._server = await self.network.start_server(lambda: BookieConnection(self), cfg.listen)
         if self.metadata is not None:
             self._registration = await self.metadata.register_bookie(
@@ -129,10 +138,28 @@ class Bookie:
             asyncio.create_task(self._checkpoint_loop(), name="bookie-checkpoint"),
             asyncio.create_task(self._disk_loop(), name="bookie-disk-monitor"),
         ]
+        if self.integrity is not None:
+            interval = cfg.data_integrity_check_interval_s
+            self._tasks.append(
+                asyncio.create_task(self.integrity.run(interval), name="bookie-integrity")
+            )
         log.info(
             "bookie %s serving on %s (engine %s, %d journal records replayed)",
             cfg.bookie_id, cfg.listen, cfg.engine, replayed,
         )  # fmt: skip
+
+    async def _preboot(self) -> None:
+        """BP-46 phase one: after an unclean shutdown without the journal, fence and put in
+        limbo every open ledger this bookie serves, before serving (see integrity.py)."""
+        cfg = self.config
+        if cfg.journal_write_data or self.metadata is None:
+            return
+        self.integrity = DataIntegrity(
+            cfg, self.handler, self.metadata, self.network, rng=self.rng,
+            bugs=self.bugs & BOOKIE_BUGS,
+        )  # fmt: skip
+        if await self.storage.unclean_shutdown():
+            await self.integrity.preboot("unclean shutdown")
 
     # --- connections ----------------------------------------------------------------------
 
@@ -277,6 +304,10 @@ class Bookie:
         await self._journal.close()
         await asyncio.sleep(0)  # let the drained callbacks' replies flush
         await self.storage.close_engine(self._engine)
+        if self.failure is None:
+            await self.storage.mark_running(False)  # a clean shutdown: no limbo next boot
+        if self.integrity is not None:
+            await self.integrity.close()
 
     def statistics(self) -> dict[str, object]:
         """Counters of the server, the handler and the journal."""
@@ -285,4 +316,5 @@ class Bookie:
             "connections": len(self.connections),
             "handler": self.handler.statistics(),
             "journal": self._journal.statistics() if self._journal else {},
+            "integrity": self.integrity.statistics() if self.integrity else {},
         }

@@ -4,14 +4,17 @@ Theory of operation
 -------------------
 The server (``server.py``) never touches files itself. It asks a :class:`BookieStorage` to
 check cookies, open the engine and the journal (replaying the journal into the engine), measure
-disk usage and close the engine. :class:`DiskStorage` is production: real dirs, with every
-blocking call in a worker thread. The simulator (``bookkeeper_aio.sim``) passes its own
-storage, in memory and inline, so the same server code runs on a virtual clock.
+disk usage, close the engine, and keep the unclean-shutdown marker: a ``DIRTY`` file in every
+ledger dir while the bookie runs (BP-46), so a crash is detected at the next boot.
+:class:`DiskStorage` is production: real dirs, with every blocking call in a worker thread.
+The simulator (``bookkeeper_aio.sim``) passes its own storage, in memory and inline, so the
+same server code runs on a virtual clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -27,6 +30,7 @@ from .handler import JournalSink
 from .journal import Journal
 from .records import replay_into
 
+DIRTY_FILE = "DIRTY"  # present while the bookie runs: left behind by a crash (BP-46)
 PressureCallback = Callable[[bool], None]
 FailureCallback = Callable[[BaseException], None]
 
@@ -61,6 +65,14 @@ class BookieStorage(Protocol):
 
     async def close_engine(self, engine: Engine) -> None: ...
 
+    async def unclean_shutdown(self) -> bool:
+        """Did the last run end without a clean shutdown (a marker was left behind)?"""
+        ...
+
+    async def mark_running(self, running: bool) -> None:
+        """Set (on start) or clear (on a clean shutdown) the unclean-shutdown marker."""
+        ...
+
 
 class DiskStorage:
     """Production storage: the configured dirs, blocking work in worker threads."""
@@ -92,6 +104,33 @@ class DiskStorage:
 
     async def close_engine(self, engine: Engine) -> None:
         await asyncio.to_thread(engine.close)
+
+    async def unclean_shutdown(self) -> bool:
+        return any((Path(d) / DIRTY_FILE).exists() for d in self.config.ledger_dirs)
+
+    async def mark_running(self, running: bool) -> None:
+        await asyncio.to_thread(_mark_dirs, self.config.ledger_dirs, running)
+
+
+def _mark_dirs(dirs: tuple[str, ...], running: bool) -> None:
+    """Create (durably) or remove the ``DIRTY`` marker in every ledger dir."""
+    for d in dirs:
+        path = Path(d) / DIRTY_FILE
+        if running:
+            with open(path, "wb") as f:
+                os.fsync(f.fileno())
+            _fsync_dir(Path(d))
+        else:
+            path.unlink(missing_ok=True)
+            _fsync_dir(Path(d))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _make_dirs(dirs: tuple[str, ...]) -> None:

@@ -39,8 +39,13 @@ from .reads import entry_ok, proof_lac, request
 log = logging.getLogger(__name__)
 
 
-async def recover(ctx: ClientContext, ledger_id: int, password: bytes) -> Versioned:
+async def recover(
+    ctx: ClientContext, ledger_id: int, password: bytes = b"", *, key: bytes | None = None
+) -> Versioned:
     """Recover and close the ledger; return its CLOSED metadata.
+
+    ``key`` (the master key itself) replaces ``password`` for a bookie repairing a ledger it
+    holds (BP-46), which knows the key but not the password.
 
     Raises:
         LedgerRecoveryError: the end could not be decided (too many bookies unreachable).
@@ -52,7 +57,7 @@ async def recover(ctx: ClientContext, ledger_id: int, password: bytes) -> Versio
     if versioned.value.state is LedgerState.CLOSED:
         return versioned
     md: LedgerMetadata = versioned.value
-    key = master_key(password)
+    key = key if key is not None else master_key(password)
     lac = await _fence(ctx, md, key)
     first_of_last, _ = md.last_ensemble()
     below = ctx.has_bug("recovery-below-last-segment")

@@ -52,6 +52,7 @@ class NodeDisk:
 
     engine: MemoryDisk = field(default_factory=MemoryDisk)
     journal: list[JournalRecord] = field(default_factory=list)
+    dirty: bool = False  # the unclean-shutdown marker
 
 
 class SimJournal:
@@ -179,6 +180,12 @@ class SimStorage:
 
     async def close_engine(self, engine: Engine) -> None:
         engine.close()
+
+    async def unclean_shutdown(self) -> bool:
+        return self.disk.dirty
+
+    async def mark_running(self, running: bool) -> None:
+        self.disk.dirty = running
 
     def crash(self, *, power_loss: bool) -> None:
         """What a crash leaves on the :class:`NodeDisk` (see the module docstring)."""

@@ -30,6 +30,8 @@ KNOWN_BUGS = (
     "recovery-reads-without-fence",
     "recovery-below-last-segment",
     "unknown-as-negative",
+    "no-limbo",
+    "no-fence-on-boot",
 )
 
 

@@ -51,6 +51,7 @@ class Scenario:
     blips_per_s: float  # brief cuts (5-50 ms) between a client and a bookie
     slow_links: int  # a writer's link to one bookie gets slow for a while
     storm: bool  # recoverers keep striking at busy writers, who keep starting new ledgers
+    journal_write_data: bool  # False: BP-46 bookies; a power loss then loses acknowledged copies
     fault_phase_s: float
     liveness_s: float = 120.0
     check_interval_s: float = 0.1
@@ -95,6 +96,7 @@ def draw_scenario(rng: random.Random, faults: Faults) -> Scenario:
         blips_per_s=rng.choice((20.0, 50.0)) if storm else rng.choice((0.0, 0.0, 5.0)),
         slow_links=rng.randint(2, 6) if storm else rng.randint(0, 1),
         storm=storm,
+        journal_write_data=rng.random() < 0.6,
         fault_phase_s=rng.uniform(2.0, 8.0),
     )
 
@@ -109,7 +111,10 @@ class Run:
         self.rng = random.Random(world.rng.getrandbits(64))
         self.ledger_ids: list[int] = []
         self.tasks: list[asyncio.Task[None]] = []
-        self.quorum_check = True
+        # Without the journal a power loss drops acknowledged copies until the integrity
+        # check repairs them: AllCommittedEntriesReachAckQuorum does not hold then.
+        self.quorum_check = scenario.journal_write_data
+        self.last_power_loss_s = -1e9
         self.client_names: list[str] = []
         self.writers: dict[int, object] = {}  # ledger id -> its LedgerWriter (god's view)
 
@@ -121,6 +126,7 @@ class Run:
 
     async def play(self) -> None:
         world, sc = self.world, self.sc
+        world.journal_write_data = sc.journal_write_data
         await asyncio.gather(*(self._start(world.add_bookie()) for _ in range(sc.bookies)))
         self.spawn(self._checker(), "checker")
         writers = [
@@ -327,8 +333,22 @@ class Run:
         up = [b for b in self.world.bookies if b.up]
         if len(up) <= self.sc.quorum[0]:
             return
+        if not self.sc.journal_write_data and (
+            len(up) < len(self.world.bookies) or any(b.in_limbo() for b in up)
+        ):
+            # BP-46 bookies: every unclean restart puts open ledgers in limbo until repaired;
+            # crashing a second ensemble member before that can leave no bookie able to
+            # answer for the ledger (BookKeeper too would need an operator then).
+            return
         node = self.rng.choice(up)
         power = self.rng.random() < self.sc.power_loss_share
+        now = asyncio.get_running_loop().time()
+        if power and not self.sc.journal_write_data:
+            # Replication covers one lost copy at a time: no second power loss before the
+            # last one's bookie is back and had time to repair (else data is really gone).
+            power = len(up) == len(self.world.bookies) and now - self.last_power_loss_s > 5.0
+        if power:
+            self.last_power_loss_s = now
         node.crash(power_loss=power)
         self.history.note(f"{node.name} crashes ({'power loss' if power else 'kill -9'})")
         self.spawn(self._restart_later(node), f"restart-{node.name}")

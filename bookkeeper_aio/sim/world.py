@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from engines.memory import MemoryDisk, MemoryEngine
 
+from ..bookie.integrity import BOOKIE_BUGS
 from ..bookie.records import replay_into
 from ..bookie.server import Bookie
 from ..client.bookie_client import BookiePool
@@ -102,6 +103,7 @@ class World:
         self.state = RecordingState()
         self.state.instance_id = "simulated"
         self.bookies: list[SimBookie] = []
+        self.journal_write_data = True  # False: BP-46 bookies (set before starting any)
         self._meta_faults = MemoryFaults(random.Random(self.rng.getrandbits(64)))
         self._sync_metadata_faults()
 
@@ -185,6 +187,9 @@ class SimBookie:
             lease_ttl_s=2,
             handshake_timeout_s=2.0,
             shutdown_timeout_s=5.0,
+            metadata_uri="memory://simulated",
+            journal_write_data=self.world.journal_write_data,
+            data_integrity_check_interval_s=0.5,
         )
 
     async def start(self) -> None:
@@ -201,6 +206,8 @@ class SimBookie:
             network=world.net.view(self.name),
             storage=storage,
             metadata=world.metadata_store(),
+            rng=random.Random(world.rng.getrandbits(64)),
+            bugs=world.bugs & BOOKIE_BUGS,
         )
         try:
             await bookie.start()
@@ -237,6 +244,10 @@ class SimBookie:
         if record is None:
             return None
         return unpack_entry_record(record)[3]
+
+    def in_limbo(self) -> bool:
+        """Whether the running bookie still has ledgers in limbo (not yet repaired)."""
+        return self.bookie is not None and bool(self.bookie.handler.limbo_ledgers())
 
     def forget_view(self) -> None:
         self._after_crash = None
