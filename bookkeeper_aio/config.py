@@ -169,6 +169,7 @@ class BookieConfig(_Config):
     journal_write_data: bool = True  # False: adds skip the journal (fences etc. still use it)
     data_integrity_check_interval_s: float = 60.0  # limbo repair and entry checks; 0: boot only
     data_integrity_copies_in_flight_max: int = 64  # entries copied from peers at once
+    cookie_auto_fix: bool = False  # a dir lost its cookie: fence, limbo, restamp, repair (BP-46)
 
     list_entries_max: int = 100_000  # entry ids per LIST_ENTRIES answer
     shutdown_timeout_s: float = 30.0

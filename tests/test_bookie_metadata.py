@@ -84,3 +84,5 @@ async def test_shell_lists_ledgers_and_shows_metadata(etcd_uri):
     assert shown.returncode == 0 and '"state": "OPEN"' in shown.stdout
     missing = await asyncio.to_thread(shell, etcd_uri, "ledger-metadata", "12345")
     assert missing.returncode == 1 and "NoSuchLedgerError" in missing.stderr
+    unknown = await asyncio.to_thread(shell, etcd_uri, "cookie-fix", "--bookie", "127.0.0.1:1")
+    assert unknown.returncode == 1 and "no cookie for bookie 127.0.0.1:1" in unknown.stderr

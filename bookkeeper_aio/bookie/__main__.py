@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rack", metavar="LOCATION", help="network location, e.g. /zone-a/rack-1")
     p.add_argument("--journal-write-data", choices=("true", "false"),
                    help="false: adds skip the journal (BP-46; needs --metadata)")  # fmt: skip
+    p.add_argument("--cookie-auto-fix", choices=("true", "false"),
+                   help="true: repair a wiped dir (fence, limbo, restamp)")  # fmt: skip
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                    help="any other config key (TOML value syntax), repeatable")  # fmt: skip
     p.add_argument("--log-level", default="INFO")
@@ -56,8 +58,10 @@ def build_config(args: argparse.Namespace) -> BookieConfig:
             overrides[name] = value
     if args.ledger_dir:
         overrides["ledger_dirs"] = tuple(args.ledger_dir)
-    if args.journal_write_data is not None:
-        overrides["journal_write_data"] = args.journal_write_data == "true"
+    for name in ("journal_write_data", "cookie_auto_fix"):
+        value = getattr(args, name)
+        if value is not None:
+            overrides[name] = value == "true"
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:

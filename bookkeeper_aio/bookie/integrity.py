@@ -15,7 +15,8 @@ In the background (:meth:`DataIntegrity.check`, at boot and every
 
 1. each limbo ledger is recovered through the cluster (fence, read forward, close), with the
    master key the bookie holds; a key lost with the data is learned from the first client that
-   fences or recovery-adds, until then the ledger waits in limbo;
+   fences or recovery-adds, until then the ledger waits in limbo (or until it is closed: then
+   there is nothing to recover, only entries to copy);
 2. every entry this bookie should hold — its write sets up to the last entry of a closed
    ledger, or up to the start of the last segment of an open one — is checked, and missing ones
    are copied from peers (a digest-verified copy, at most ``data_integrity_copies_in_flight_max``
@@ -125,15 +126,19 @@ class DataIntegrity:
     # --- phase two: in the background -----------------------------------------------------
 
     async def run(self, interval_s: float) -> None:
-        """Check now, then every ``interval_s`` (0: only once); errors are retried later."""
+        """Check now, then every ``interval_s`` (0: until one pass succeeds with nothing left
+        in limbo); errors are retried later."""
         while True:
             try:
                 await self.check()
+                passed = True
             except (BookKeeperError, OSError) as exc:
+                passed = False
                 self.counters["check_failures"] += 1
                 log.warning("bookie %s: integrity check failed (retrying): %s",
                             self.bookie_id, exc)  # fmt: skip
-            if interval_s <= 0 and not self.handler.limbo_ledgers():
+            if interval_s <= 0 and passed and not self.handler.limbo_ledgers():
+                log.info("bookie %s: integrity check done", self.bookie_id)
                 return
             await asyncio.sleep(interval_s or 1.0)
 
@@ -143,11 +148,16 @@ class DataIntegrity:
         to_repair = dict(self._fenced_on_boot)
         to_repair.update(self.handler.limbo_ledgers())
         for ledger_id, key in to_repair.items():
-            if key == UNKNOWN_KEY:
-                self.counters["limbo_waiting_for_key"] += 1
-                continue
             try:
-                md = (await recover(self.ctx, ledger_id, key=key)).value
+                if key != UNKNOWN_KEY:
+                    md = (await recover(self.ctx, ledger_id, key=key)).value
+                else:
+                    # Recovering needs the key; once the writer or a recoverer closed the
+                    # ledger there is nothing left to recover, only entries to copy.
+                    md = (await self.metadata.read_ledger(ledger_id)).value
+                    if not md.is_closed:
+                        self.counters["limbo_waiting_for_key"] += 1
+                        continue
             except NoSuchLedgerError:
                 md = None  # deleted meanwhile: nothing to keep
             if md is not None:

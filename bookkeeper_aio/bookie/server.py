@@ -33,6 +33,7 @@ from ..engine import Engine
 from ..metadata.store import BookieRegistration, MetadataStore, open_metadata_store
 from ..net import Network, Server, TcpNetwork
 from .connection import BookieConnection
+from .cookie import CookieCheck
 from .disk import next_read_only
 from .handler import RequestHandler
 from .integrity import BOOKIE_BUGS, DataIntegrity
@@ -118,8 +119,10 @@ class Bookie:
             self.metadata = await self._exit_stack.enter_async_context(
                 open_metadata_store(cfg.metadata_uri, mcfg)
             )
+        cookies = None
         if self.metadata is not None:
-            self.instance_id = await self.storage.check_cookies(self.metadata)
+            cookies = await self.storage.check_cookies(self.metadata)
+            self.instance_id = cookies.instance_id
         self._engine, journal, replayed = await self.storage.open(
             self._journal_pressure, self._fatal
         )
@@ -127,7 +130,7 @@ class Bookie:
         self._handler = RequestHandler(self._engine, journal, cfg, on_fatal=self._fatal)
         await journal.checkpoint(self._engine.sync)
         await self._check_disks()
-        await self._preboot()
+        await self._preboot(cookies)
         await self.storage.mark_running(True)
         self._server = await self.network.start_server(lambda: BookieConnection(self), cfg.listen)
         if self.metadata is not None:
@@ -139,7 +142,8 @@ class Bookie:
             asyncio.create_task(self._disk_loop(), name="bookie-disk-monitor"),
         ]
         if self.integrity is not None:
-            interval = cfg.data_integrity_check_interval_s
+            # With the journal, only a repair (wiped dir, limbo left over) needs checking: once.
+            interval = 0.0 if cfg.journal_write_data else cfg.data_integrity_check_interval_s
             self._tasks.append(
                 asyncio.create_task(self.integrity.run(interval), name="bookie-integrity")
             )
@@ -148,18 +152,25 @@ class Bookie:
             cfg.bookie_id, cfg.listen, cfg.engine, replayed,
         )  # fmt: skip
 
-    async def _preboot(self) -> None:
-        """BP-46 phase one: after an unclean shutdown without the journal, fence and put in
-        limbo every open ledger this bookie serves, before serving (see integrity.py)."""
+    async def _preboot(self, cookies: CookieCheck | None) -> None:
+        """BP-46 phase one, before serving: after an unclean shutdown without the journal, or
+        when a dir lost its cookie (data), fence and put in limbo every open ledger this bookie
+        serves, then restamp the cookies (see integrity.py, cookie.py)."""
         cfg = self.config
-        if cfg.journal_write_data or self.metadata is None:
+        if self.metadata is None or cookies is None:
+            return
+        unclean = not cfg.journal_write_data and await self.storage.unclean_shutdown()
+        reasons = [r for r in (cookies.repair, "unclean shutdown" if unclean else None) if r]
+        if cfg.journal_write_data and not reasons and not self.handler.limbo_ledgers():
             return
         self.integrity = DataIntegrity(
             cfg, self.handler, self.metadata, self.network, rng=self.rng,
             bugs=self.bugs & BOOKIE_BUGS,
         )  # fmt: skip
-        if await self.storage.unclean_shutdown():
-            await self.integrity.preboot("unclean shutdown")
+        if reasons:
+            await self.integrity.preboot("; ".join(reasons))
+        if cookies.repair is not None:
+            await self.storage.restamp_cookies(self.metadata, cookies)
 
     # --- connections ----------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from engines import open_engine
 from ..config import BookieConfig
 from ..engine import Engine
 from ..metadata.store import MetadataStore
-from .cookie import check_cookies
+from .cookie import CookieCheck, check_cookies, restamp_cookies
 from .disk import DiskUsage, disk_usage
 from .handler import JournalSink
 from .journal import Journal
@@ -48,8 +48,12 @@ class BookieJournal(JournalSink, Protocol):
 class BookieStorage(Protocol):
     """A bookie's storage, opened once per boot."""
 
-    async def check_cookies(self, metadata: MetadataStore) -> str:
-        """Validate (or on first boot write) the cookies; return the cluster's instance id."""
+    async def check_cookies(self, metadata: MetadataStore) -> CookieCheck:
+        """Validate (or on first boot write) the cookies (raises CookieError)."""
+        ...
+
+    async def restamp_cookies(self, metadata: MetadataStore, check: CookieCheck) -> None:
+        """Rewrite the cookies :meth:`check_cookies` asked to repair (after phase one)."""
         ...
 
     async def open(
@@ -81,10 +85,13 @@ class DiskStorage:
         self.config = config
         self._engine = engine
 
-    async def check_cookies(self, metadata: MetadataStore) -> str:
+    async def check_cookies(self, metadata: MetadataStore) -> CookieCheck:
         cfg = self.config
         await asyncio.to_thread(_make_dirs, (cfg.journal_dir, *cfg.ledger_dirs))
         return await check_cookies(cfg, metadata)
+
+    async def restamp_cookies(self, metadata: MetadataStore, check: CookieCheck) -> None:
+        await restamp_cookies(self.config, metadata, check)
 
     async def open(
         self, on_pressure: PressureCallback, on_failure: FailureCallback

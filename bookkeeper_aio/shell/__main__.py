@@ -30,6 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
     meta = commands.add_parser("ledger-metadata", help="one ledger's metadata as JSON")
     meta.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
     meta.set_defaults(run=_metadata_command)
+    fix = commands.add_parser(
+        "cookie-fix",
+        help="let a bookie whose disk was wiped or replaced start again (BP-46)",
+        description="A bookie whose dir lost its COOKIE refuses to start (acknowledged entries "
+        "may be gone) unless it runs with --cookie-auto-fix true. This approves one repair: on "
+        "its next start the bookie fences and puts in limbo every open ledger it serves, "
+        "restamps its cookies, serves, and copies the entries it should hold from its peers.",
+    )
+    fix.add_argument("--bookie", required=True, metavar="BOOKIE_ID", help="e.g. 127.0.0.1:3181")
+    fix.set_defaults(run=_metadata_command)
     sanity = commands.add_parser(
         "bookie-sanity", help="write, read back and verify a few entries on one bookie"
     )
@@ -54,6 +64,8 @@ async def _metadata_command(args: argparse.Namespace) -> str:
         return await cluster.list_bookies(args.metadata)
     if args.command == "list-ledgers":
         return await cluster.list_ledgers(args.metadata)
+    if args.command == "cookie-fix":
+        return await cluster.cookie_fix(args.metadata, args.bookie)
     return await cluster.ledger_metadata(args.metadata, args.ledger_id)
 
 

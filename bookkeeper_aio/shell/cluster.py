@@ -1,10 +1,11 @@
 """Cluster admin commands on the metadata store: init-cluster, list-bookies, list-ledgers,
-ledger-metadata. Each returns the text to print (JSON where a script may parse it)."""
+ledger-metadata, cookie-fix. Each returns the text to print (JSON where a script may parse it)."""
 
 from __future__ import annotations
 
 import json
 
+from ..bookie.cookie import request_cookie_fix
 from ..metadata.store import open_metadata_store
 
 
@@ -46,3 +47,14 @@ async def ledger_metadata(uri: str, ledger_id: int) -> str:
     doc = json.loads(versioned.value.to_json_bytes())
     doc["version"] = versioned.version
     return json.dumps(doc, indent=2, sort_keys=True)
+
+
+async def cookie_fix(uri: str, bookie_id: str) -> str:
+    """Approve, once, the BP-46 repair of a bookie whose dirs lost their cookies: on its next
+    start it fences and limbos its open ledgers, restamps its cookies and repairs from peers.
+
+    Raises:
+        CookieError: the store has no cookie for this bookie.
+    """
+    async with open_metadata_store(uri) as store:
+        return await request_cookie_fix(store, bookie_id)

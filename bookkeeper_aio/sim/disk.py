@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from engines.memory import MemoryDisk, MemoryEngine
 
+from ..bookie.cookie import CookieCheck
 from ..bookie.disk import DiskUsage
 from ..bookie.journal import JournalRecord
 from ..bookie.records import replay_into
@@ -165,8 +166,11 @@ class SimStorage:
         self.engine = MemoryEngine(disk.engine)
         self.journal = SimJournal(disk, rng, faults)
 
-    async def check_cookies(self, metadata: MetadataStore) -> str:
-        return "simulated"
+    async def check_cookies(self, metadata: MetadataStore) -> CookieCheck:
+        return CookieCheck("simulated")
+
+    async def restamp_cookies(self, metadata: MetadataStore, check: CookieCheck) -> None:
+        pass  # simulated dirs never lose their cookies
 
     async def open(
         self, on_pressure: PressureCallback, on_failure: FailureCallback
