@@ -344,12 +344,34 @@ class FrameEncoder:
     """Packs messages into frames. Not thread-safe: one per connection (or thread)."""
 
     def __init__(self) -> None:
-        self._packer = msgpack.Packer(use_bin_type=True, datetime=False, autoreset=True)
+        self.packer = msgpack.Packer(use_bin_type=True, datetime=False, autoreset=True)
 
     def encode(self, msg: Message) -> bytes:
         """One frame: 4-byte big-endian length, then the msgpack array ``[op, *fields]``."""
-        body = self._packer.pack([msg.OP, *msg])  # type: ignore[union-attr]
+        body = self.packer.pack([msg.OP, *msg])  # type: ignore[union-attr]
         return FRAME_HEADER.pack(len(body)) + body
+
+
+class SharedFrame:
+    """One request for several bookies (an add to its write set): everything after the
+    request id is packed once; each bookie's frame is a small prefix plus that shared tail.
+
+    ``pieces(packer, request_id)`` gives bytes whose concatenation is exactly
+    ``FrameEncoder().encode(msg_type(request_id, *fields))``.
+    """
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, msg_type: type, *fields: Any) -> None:
+        assert len(fields) + 2 < 16, "fixarray only"
+        packed = msgpack.packb(list(fields), use_bin_type=True, datetime=False)
+        self._tail = memoryview(packed)[1:]  # drop the array header: re-made with 2 more
+        self._head = bytes([0x90 | (len(fields) + 2)]) + msgpack.packb(msg_type.OP)  # type: ignore[attr-defined]
+
+    def pieces(self, packer: msgpack.Packer, request_id: int) -> tuple[bytes, memoryview]:
+        rid = packer.pack(request_id)
+        size = len(self._head) + len(rid) + len(self._tail)
+        return FRAME_HEADER.pack(size) + self._head + rid, self._tail
 
 
 _local = threading.local()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..config import ClientConfig
@@ -62,6 +63,7 @@ from ..protocol import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    SharedFrame,
     WriteLacRequest,
     WriteLacResponse,
 )
@@ -80,7 +82,10 @@ class BookieClient(asyncio.Protocol):
         self._decoder = FrameDecoder(config.frame_bytes_max)
         self._encoder = FrameEncoder()
         self._transport: asyncio.Transport | None = None
-        self._pending: dict[int, tuple[asyncio.Future[Any], float]] = {}
+        # request id -> (deliver(response or exception), deadline). Callbacks, not futures:
+        # a future costs an allocation plus a call_soon hop per response (profiled: about a
+        # fifth of the client's CPU per add).
+        self._pending: dict[int, tuple[Callable[[Any], None], float]] = {}
         self._next_id = 1
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -147,13 +152,10 @@ class BookieClient(asyncio.Protocol):
                 self.stats["late_responses"] += 1
                 continue
             self.stats["responses"] += 1
-            fut = entry[0]
-            if fut.done():
-                continue
             if type(msg) is ErrorResponse:
-                fut.set_exception(error_for_status(msg.status, f"{self.address}: {msg.message}"))
+                _deliver(entry[0], error_for_status(msg.status, f"{self.address}: {msg.message}"))
             else:
-                fut.set_result(msg)
+                _deliver(entry[0], msg)
         if not self._capacity.is_set() and len(pending) < self.config.bookie_requests_in_flight_max:
             self._capacity.set()
 
@@ -185,6 +187,31 @@ class BookieClient(asyncio.Protocol):
             ClientClosedError / BookieUnavailableError: the connection is closed or lost.
             TooManyRequestsError: ``bookie_requests_in_flight_max`` requests are pending.
         """
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self.request_callback(msg_type, *fields, callback=partial(_settle, fut),
+                              timeout_s=timeout_s)  # fmt: skip
+        return fut
+
+    def request_callback(
+        self, msg_type: type, *fields: Any, callback: Callable[[Any], None],
+        timeout_s: float | None = None,
+    ) -> None:  # fmt: skip
+        """Like :meth:`request`, but ``callback(response or exception)`` is called once, from
+        the event loop (inside data_received, the timeout sweep or a close); it must not raise.
+
+        Raises: as :meth:`request`, before sending anything.
+        """
+        rid = self._register(callback, timeout_s)
+        self._out.append(self._encoder.encode(msg_type(rid, *fields)))
+
+    def request_shared(
+        self, frame: SharedFrame, callback: Callable[[Any], None], timeout_s: float | None = None
+    ) -> None:
+        """:meth:`request_callback` for a request packed once for several bookies."""
+        rid = self._register(callback, timeout_s)
+        self._out.extend(frame.pieces(self._encoder.packer, rid))
+
+    def _register(self, callback: Callable[[Any], None], timeout_s: float | None) -> int:
         if self._closed is not None:
             raise self._closed
         if len(self._pending) >= self.config.bookie_requests_in_flight_max:
@@ -192,15 +219,13 @@ class BookieClient(asyncio.Protocol):
             raise TooManyRequestsError(f"{len(self._pending)} requests pending on {self.address}")
         rid = self._next_id
         self._next_id += 1
-        fut: asyncio.Future[Any] = self._loop.create_future()
         deadline = self._loop.time() + (timeout_s or self.config.request_timeout_s)
-        self._pending[rid] = (fut, deadline)
-        self._out.append(self._encoder.encode(msg_type(rid, *fields)))
+        self._pending[rid] = (callback, deadline)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
         self.stats["requests"] += 1
-        return fut
+        return rid
 
     async def wait_capacity(self) -> None:
         """Wait until a request can be sent without exceeding a bound."""
@@ -226,10 +251,9 @@ class BookieClient(asyncio.Protocol):
         now = self._loop.time()
         expired = [rid for rid, (_, deadline) in self._pending.items() if deadline <= now]
         for rid in expired:
-            fut, _ = self._pending.pop(rid)
+            deliver, _ = self._pending.pop(rid)
             self.stats["timeouts"] += 1
-            if not fut.done():
-                fut.set_exception(OperationTimeoutError(f"bookie {self.address} did not answer"))
+            _deliver(deliver, OperationTimeoutError(f"bookie {self.address} did not answer"))
         if expired and len(self._pending) < self.config.bookie_requests_in_flight_max:
             self._capacity.set()
         if self._closed is None:
@@ -242,9 +266,8 @@ class BookieClient(asyncio.Protocol):
         if self._sweeper is not None:
             self._sweeper.cancel()
         pending, self._pending = self._pending, {}
-        for fut, _ in pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
+        for deliver, _ in pending.values():
+            _deliver(deliver, exc)
         self._capacity.set()
         self._writable.set()
 
@@ -399,24 +422,38 @@ class BookiePool:
 
         Connects first if needed (in a task owned until it finishes).
         """
+        self._send(address, lambda c: c.request_callback(msg_type, *fields, callback=callback),
+                   callback)  # fmt: skip
+
+    def send_shared(
+        self, address: str, frame: SharedFrame, callback: Callable[[Any], None]
+    ) -> None:
+        """:meth:`send` for a request packed once for several bookies."""
+        client = self.get_nowait(address)
+        if client is None:
+            self._send(address, lambda c: c.request_shared(frame, callback), callback)
+            return
+        try:  # the common case, inlined: this is the per-add path
+            client.request_shared(frame, callback)
+        except Exception as exc:
+            callback(exc)
+
+    def _send(
+        self, address: str, issue: Callable[[BookieClient], None], callback: Callable[[Any], None]
+    ) -> None:
         client = self.get_nowait(address)
         if client is not None:
             try:
-                fut = client.request(msg_type, *fields)
+                issue(client)
             except Exception as exc:
                 callback(exc)
-                return
-            fut.add_done_callback(lambda f: callback(f.exception() or f.result()))
             return
 
         async def connect_then_send() -> None:
             try:
-                c = await self.get(address)
-                response = await c.request(msg_type, *fields)
+                issue(await self.get(address))
             except Exception as exc:
                 callback(exc)
-                return
-            callback(response)
 
         task = asyncio.ensure_future(connect_then_send())
         self._tasks.add(task)
@@ -436,6 +473,23 @@ class BookiePool:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _settle(fut: asyncio.Future[Any], result: Any) -> None:
+    if not fut.done():
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+
+
+def _deliver(callback: Callable[[Any], None], result: Any) -> None:
+    try:
+        callback(result)
+    except Exception as exc:  # a broken callback must not stop the other responses
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": "bookie response callback failed", "exception": exc}
+        )
 
 
 def _consume(task: asyncio.Task[Any]) -> None:

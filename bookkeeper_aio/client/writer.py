@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from functools import partial
 from typing import Any
 
 from ..digest import LacProof, entry_digest
@@ -41,7 +42,7 @@ from ..errors import (
 )
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..metadata.store import update_ledger
-from ..protocol import AddRequest, AddResponse, WriteLacRequest
+from ..protocol import AddRequest, AddResponse, SharedFrame, WriteLacRequest
 from ..quorum import AckSet, write_set
 from .context import ClientContext
 
@@ -112,8 +113,10 @@ class LedgerWriter:
         self._pending.append(op)
         if len(self._pending) >= self.ctx.config.adds_pending_max:
             self._room.clear()
+        frame = SharedFrame(AddRequest, self.ledger_id, entry_id, 0, self._key, lac, payload,
+                            digest)  # fmt: skip
         for index in ack_set.write_set:
-            self._send(op, index)
+            self._send(op, index, frame)
         self._idle = False
         self._lac_sent = max(self._lac_sent, lac)
         return op.future
@@ -183,14 +186,14 @@ class LedgerWriter:
         if self._closed:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
 
-    def _send(self, op: _PendingAdd, index: int) -> None:
+    def _send(self, op: _PendingAdd, index: int, frame: SharedFrame | None = None) -> None:
         if index in self._changing:
             return  # re-sent to the replacement once the ensemble change is committed
         bookie = self._ensemble[index]
-        fields = (self.ledger_id, op.entry_id, 0, self._key, op.lac, op.payload, op.digest)
-        self.ctx.pool.send(
-            bookie, AddRequest, *fields, callback=lambda r: self._on_add(op, index, bookie, r)
-        )
+        if frame is None:  # a re-send: the first sends' frame is not kept (memory)
+            frame = SharedFrame(AddRequest, self.ledger_id, op.entry_id, 0, self._key, op.lac,
+                                op.payload, op.digest)  # fmt: skip
+        self.ctx.pool.send_shared(bookie, frame, partial(self._on_add, op, index, bookie))
 
     def _on_add(self, op: _PendingAdd, index: int, bookie: str, result: Any) -> None:
         if op.future.done() or self._ensemble[index] != bookie:
