@@ -225,6 +225,8 @@ class ClientConfig(_Config):
     client_name: str = field(default="bookkeeper-aio")
     # Ledger handles.
     adds_pending_max: int = 10_000  # per writer; past it append() waits (backpressure)
+    add_batch_entries_max: int = 256  # adds to one bookie in one loop turn go in one frame
+    add_batch_bytes_max: int = 1 * MiB  # payload bytes per batch frame (< frame_bytes_max)
     explicit_lac_interval_s: float = 0.5  # idle writer sends its LAC so tailers see the end
     ensemble_changes_max: int = 1_000  # per writer, then the handle fails
     metadata_retries_max: int = 20  # compare-and-swap attempts per metadata change
@@ -234,6 +236,14 @@ class ClientConfig(_Config):
     close_timeout_s: float = 30.0  # waiting for pending adds before a close gives up
     min_racks_per_write_quorum: int = 1  # >1: rack-aware placement
     strict_placement: bool = False  # BP-31: fail rather than under-spread a write set
+
+    def validate(self) -> None:
+        super().validate()
+        if self.add_batch_bytes_max > self.frame_bytes_max // 2:
+            raise ConfigError(
+                f"add_batch_bytes_max ({self.add_batch_bytes_max}) must leave room in a frame: "
+                f"at most frame_bytes_max / 2 ({self.frame_bytes_max // 2})"
+            )
 
 
 @dataclass(frozen=True)

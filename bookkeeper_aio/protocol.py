@@ -124,6 +124,21 @@ class BookieInfoRequest(NamedTuple):
     request_id: int
 
 
+class AddBatchRequest(NamedTuple):
+    """Store several entries of one ledger: each as an AddRequest would, one answer for all.
+
+    ``entries`` is a list of ``[entry_id, lac, payload, digest]``. A writer sends one per
+    bookie per event-loop turn when it has more than one add for that bookie.
+    """
+
+    OP = 8
+    request_id: int
+    ledger_id: int
+    flags: int  # ADD_FLAG_RECOVERY
+    master_key: bytes
+    entries: list[list[Any]]
+
+
 # --- responses ----------------------------------------------------------------------------
 
 
@@ -141,6 +156,17 @@ class AddResponse(NamedTuple):
     status: int
     ledger_id: int
     entry_id: int
+
+
+class AddBatchResponse(NamedTuple):
+    """``statuses[i]`` answers ``entries[i]``; ``status`` is OK or, if any failed, the first
+    failure (a request-level error leaves ``statuses`` empty)."""
+
+    OP = AddBatchRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    ledger_id: int
+    statuses: list[int]
 
 
 class ReadResponse(NamedTuple):
@@ -211,6 +237,7 @@ Request = (
     | WriteLacRequest
     | ListEntriesRequest
     | BookieInfoRequest
+    | AddBatchRequest
 )
 Response = (
     HelloResponse
@@ -220,6 +247,7 @@ Response = (
     | WriteLacResponse
     | ListEntriesResponse
     | BookieInfoResponse
+    | AddBatchResponse
     | ErrorResponse
 )
 Message = Request | Response
@@ -237,6 +265,7 @@ class BadFrame(NamedTuple):
 # from the tags (a generic per-field loop costs ~1.5 us per message, the generated one ~0.3 us).
 #   i int64   u uint64   b bytes   s str   t bool
 #   I int64 or None   U uint64 or None   B bytes or None   p LacProof or None   r ranges
+#   e batch entries ([[int64, int64, bytes, uint64], ...])   l list of int64
 
 _SPECS: dict[type, str] = {
     HelloRequest: "iis",
@@ -246,6 +275,8 @@ _SPECS: dict[type, str] = {
     WriteLacRequest: "iibiu",
     ListEntriesRequest: "iiii",
     BookieInfoRequest: "i",
+    AddBatchRequest: "iiibe",
+    AddBatchResponse: "iiil",
     HelloResponse: "iiis",
     AddResponse: "iiii",
     ReadResponse: "iiiiIBUp",
@@ -268,6 +299,8 @@ _TAG_EXPR = {
     "B": "({v} is None or type({v}) is bytes)",
     "p": "({v} is None or _proof({v}))",
     "r": "_ranges({v})",
+    "e": "_entries({v})",
+    "l": "(type({v}) is list and all(" + _INT.format(v="x") + " for x in {v}))",
 }
 
 
@@ -289,11 +322,26 @@ def _ranges(v: Any) -> bool:
     )
 
 
+def _entries(v: Any) -> bool:
+    return type(v) is list and all(
+        type(e) is list
+        and len(e) == 4
+        and type(e[0]) is int
+        and INT64_MIN <= e[0] <= INT64_MAX
+        and type(e[1]) is int
+        and INT64_MIN <= e[1] <= INT64_MAX
+        and type(e[2]) is bytes
+        and type(e[3]) is int
+        and 0 <= e[3] <= UINT64_MAX
+        for e in v
+    )
+
+
 def _checker(tags: str) -> Callable[[list[Any]], bool]:
     """Generate ``check(args) -> bool`` for a message's field list (without the op)."""
     terms = [_TAG_EXPR[t].format(v=f"a[{i}]") for i, t in enumerate(tags)]
     src = f"def check(a):\n    return {' and '.join(terms)}\n"
-    namespace: dict[str, Any] = {"_proof": _proof, "_ranges": _ranges}
+    namespace: dict[str, Any] = {"_proof": _proof, "_ranges": _ranges, "_entries": _entries}
     exec(src, namespace)  # the source is built from the constant tags above only
     return namespace["check"]
 

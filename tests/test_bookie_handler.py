@@ -16,6 +16,7 @@ from bookkeeper_aio.protocol import (
     ADD_FLAG_RECOVERY,
     READ_FLAG_FENCE,
     READ_FLAG_LONG_POLL,
+    AddBatchRequest,
     AddRequest,
     BookieInfoRequest,
     ListEntriesRequest,
@@ -89,6 +90,48 @@ def test_journal_failure_answers_io_error():
     h.add(0, sync=False)
     h.journal.sync(OSError("disk gone"))
     assert h.replies[-1].status == StatusCode.IO_ERROR
+
+
+def batch(h: Harness, entries, *, flags=0, key=KEY, sync=True):
+    """entries: (entry_id, payload[, digest]) tuples, each with LAC entry_id - 1."""
+    wire = []
+    for entry_id, payload, *digest in entries:
+        d = digest[0] if digest else entry_digest(L, entry_id, entry_id - 1, payload)
+        wire.append([entry_id, entry_id - 1, payload, d])
+    return h.send(AddBatchRequest, L, flags, key, wire, sync=sync)
+
+
+def test_a_batch_is_answered_once_after_its_last_entry_is_durable():
+    h = Harness()
+    assert batch(h, [(0, b"a"), (1, b"b"), (2, b"c")], sync=False) is None
+    assert [r for r, _, _ in h.journal.pending] == [REC_MASTER_KEY] + [REC_ENTRY] * 3
+    h.journal.sync()
+    (reply,) = h.replies
+    assert (reply.status, reply.statuses) == (StatusCode.OK, [StatusCode.OK] * 3)
+    assert [h.read(e).payload for e in range(3)] == [b"a", b"b", b"c"]
+
+
+def test_a_batch_answers_each_entry_and_stores_only_the_good_ones():
+    h = Harness()
+    h.add(0)
+    bad = entry_digest(L, 2, 1, b"other")
+    reply = batch(h, [(1, b"ok"), (2, b"bad", bad), (3, b"ok")])
+    assert reply.status == StatusCode.BAD_DIGEST
+    assert reply.statuses == [StatusCode.OK, StatusCode.BAD_DIGEST, StatusCode.OK]
+    assert h.engine.get_entry(L, 2) is None and h.read(3).payload == b"ok"
+    assert batch(h, [(4, b"x")], key=OTHER_KEY).statuses == [StatusCode.UNAUTHORIZED]
+    h.send(ReadLacRequest, L, READ_FLAG_FENCE, KEY)
+    assert batch(h, [(5, b"x"), (6, b"y")]).statuses == [StatusCode.FENCED] * 2
+    recovered = batch(h, [(5, b"x"), (6, b"y")], flags=ADD_FLAG_RECOVERY)
+    assert recovered.statuses == [StatusCode.OK] * 2
+
+
+def test_a_journal_failure_fails_every_journaled_entry_of_a_batch():
+    h = Harness()
+    batch(h, [(0, b"a"), (1, b"b")], sync=False)
+    h.journal.sync(OSError("disk gone"))
+    (reply,) = h.replies
+    assert reply.status == StatusCode.IO_ERROR and reply.statuses == [StatusCode.IO_ERROR] * 2
 
 
 def test_digest_mismatch_is_rejected_and_nothing_is_stored():

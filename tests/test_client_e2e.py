@@ -68,6 +68,19 @@ async def test_a_bookie_killed_mid_stream_loses_nothing_acknowledged(cluster):
         assert all(payloads[e] == p for e, p in acked.items())
 
 
+async def test_adds_of_one_loop_turn_go_to_each_bookie_in_one_frame(shared_cluster):
+    async with BookKeeper.connect(shared_cluster.uri, CONFIG) as bk:
+        w = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await w.append(b"first")  # connections are open now
+        before = bk.ctx.pool.statistics()["requests"]
+        ids = await asyncio.gather(*[w.append_nowait(b"%d" % i) for i in range(200)])
+        assert ids == list(range(1, 201))
+        assert bk.ctx.pool.statistics()["requests"] - before == 3  # one batch per bookie
+        reader = await bk.open_ledger(w.ledger_id, password=b"pw")
+        got = await reader.read(1, 200)
+        assert [e.payload for e in got] == [b"%d" % i for i in range(200)]
+
+
 async def test_recovery_fences_the_writer_and_keeps_every_acknowledged_entry(shared_cluster):
     uri = shared_cluster.uri
     async with BookKeeper.connect(uri, CONFIG) as bk1, BookKeeper.connect(uri, CONFIG) as bk2:

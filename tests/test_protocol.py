@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from bookkeeper_aio.digest import LacProof
 from bookkeeper_aio.errors import FrameTooLargeError, ProtocolError
 from bookkeeper_aio.protocol import (
+    AddBatchRequest,
+    AddBatchResponse,
     AddRequest,
     AddResponse,
     BadFrame,
@@ -62,6 +64,10 @@ MESSAGES = st.one_of(
     st.builds(ListEntriesResponse, i64, i64, i64, ranges, i64),
     st.builds(BookieInfoResponse, i64, i64, i64, i64, st.booleans(), text),
     st.builds(ErrorResponse, i64, i64, text),
+    st.builds(
+        AddBatchRequest, i64, i64, i64, blob, st.lists(st.tuples(i64, i64, blob, u64).map(list))
+    ),
+    st.builds(AddBatchResponse, i64, i64, i64, st.lists(i64)),
 )
 
 

@@ -32,6 +32,7 @@ from ..errors import FrameTooLargeError, ProtocolError, StatusCode
 from ..protocol import (
     PROTOCOL_VERSION,
     RESPONSE_BIT,
+    AddBatchRequest,
     AddRequest,
     BadFrame,
     ErrorResponse,
@@ -141,7 +142,11 @@ class BookieConnection(asyncio.Protocol):
             what = "a second hello" if type(msg) is HelloRequest else "a response"
             self.send(ErrorResponse(msg.request_id, StatusCode.BAD_REQUEST, f"unexpected {what}"))
             return
-        size = len(msg.payload) if type(msg) is AddRequest else 0
+        size = (
+            len(msg.payload) if type(msg) is AddRequest
+            else sum(len(e[2]) for e in msg.entries) if type(msg) is AddBatchRequest
+            else 0
+        )  # fmt: skip
         if (
             self._in_flight >= self.config.connection_requests_in_flight_max
             or self._in_flight_bytes + size > self.config.connection_in_flight_bytes_max

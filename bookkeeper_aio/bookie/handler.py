@@ -45,6 +45,8 @@ from ..protocol import (
     ADD_FLAG_RECOVERY,
     READ_FLAG_FENCE,
     READ_FLAG_LONG_POLL,
+    AddBatchRequest,
+    AddBatchResponse,
     AddRequest,
     AddResponse,
     BookieInfoRequest,
@@ -100,6 +102,7 @@ class RequestHandler:
         self._on_fatal = on_fatal
         self._dispatch: dict[type, Callable[[Any, Reply], None]] = {
             AddRequest: self._add,
+            AddBatchRequest: self._add_batch,
             ReadRequest: self._read,
             ReadLacRequest: self._read_lac,
             WriteLacRequest: self._write_lac,
@@ -210,51 +213,76 @@ class RequestHandler:
 
     def _add(self, req: AddRequest, reply: Reply) -> None:
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
-        status = self._check_add(req)
-        if status is not OK:
-            self.counters[f"add_{status.name.lower()}"] += 1
+        status, record = self._store(lid, req.flags, req.master_key, eid, req.lac, req.payload,
+                                     req.digest)  # fmt: skip
+        if record is None:
             reply(AddResponse(rid, status, lid, eid))
             return
+
+        def durable(exc: BaseException | None) -> None:
+            reply(AddResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid, eid))
+
+        self.journal.append(REC_ENTRY, entry_body(lid, eid, record), durable)
+
+    def _add_batch(self, req: AddBatchRequest, reply: Reply) -> None:
+        """Each entry as :meth:`_add` would; one answer once the last journaled one is durable
+        (the journal completes in order, and fails everything after a failure)."""
+        rid, lid, flags, key = req.request_id, req.ledger_id, req.flags, req.master_key
+        statuses: list[StatusCode] = []
+        journaled: list[tuple[int, int, bytes]] = []
+        for eid, lac, payload, digest in req.entries:
+            status, record = self._store(lid, flags, key, eid, lac, payload, digest)
+            if record is not None:
+                journaled.append((len(statuses), eid, record))
+            statuses.append(status)
+        if not journaled:
+            reply(AddBatchResponse(rid, _first_failure(statuses), lid, statuses))
+            return
+
+        def durable(exc: BaseException | None) -> None:
+            if exc is not None:
+                for i, _, _ in journaled:
+                    statuses[i] = StatusCode.IO_ERROR
+            reply(AddBatchResponse(rid, _first_failure(statuses), lid, statuses))
+
+        last = len(journaled) - 1
+        for k, (_, eid, record) in enumerate(journaled):
+            self.journal.append(REC_ENTRY, entry_body(lid, eid, record),
+                                durable if k == last else _ignore)  # fmt: skip
+
+    def _store(
+        self, lid: int, flags: int, key: bytes, eid: int, lac: int, payload: bytes, digest: int
+    ) -> tuple[StatusCode, bytes | None]:
+        """Check one entry and put it in the engine. Returns its status and, when it still
+        has to be journaled before the answer, its record (None otherwise)."""
+        recovery = flags & ADD_FLAG_RECOVERY
+        if lid < 0 or eid < 0 or len(key) != MASTER_KEY_BYTES or (lac >= eid and not recovery):
+            return self._refused(StatusCode.BAD_REQUEST)  # a writer's LAC is below its entry
+        if self.read_only and not recovery:
+            return self._refused(StatusCode.READ_ONLY)
+        pdigest = payload_digest(payload)
+        if header_digest(lid, eid, lac, pdigest) != digest:
+            return self._refused(StatusCode.BAD_DIGEST)
         state = self.ledger(lid)
         if state is None:
-            state = self._new_ledger(lid, req.master_key, LedgerView.ACTIVE)
-            self.journal.append(REC_MASTER_KEY, ledger_body(lid, req.master_key), _ignore)
-        elif not self._key_ok(state, req.master_key):
-            reply(AddResponse(rid, StatusCode.UNAUTHORIZED, lid, eid))
-            return
-        if state.fenced and not req.flags & ADD_FLAG_RECOVERY:
-            self.counters["add_fenced"] += 1
-            reply(AddResponse(rid, StatusCode.FENCED, lid, eid))
-            return
-        pdigest = payload_digest(req.payload)
-        record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
+            state = self._new_ledger(lid, key, LedgerView.ACTIVE)
+            self.journal.append(REC_MASTER_KEY, ledger_body(lid, key), _ignore)
+        elif not self._key_ok(state, key):
+            return self._refused(StatusCode.UNAUTHORIZED)
+        if state.fenced and not recovery:
+            return self._refused(StatusCode.FENCED)
+        record = pack_entry_record(lac, pdigest, digest, payload)
         self.engine.put_entry(lid, eid, record)
-
         self.counters["adds"] += 1
-        if not self.config.journal_write_data:
-            # BP-46: no journal for data; the replicas and the limbo protocol make up for a
-            # crash that loses what the engine had not synced.
-            reply(AddResponse(rid, OK, lid, eid))
-        else:
-
-            def durable(exc: BaseException | None) -> None:
-                reply(AddResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid, eid))
-
-            self.journal.append(REC_ENTRY, entry_body(lid, eid, record), durable)
-        if state.offer_lac(LacProof(eid, req.lac, pdigest, req.digest)):
+        if state.offer_lac(LacProof(eid, lac, pdigest, digest)):
             state.wake_waiters()
+        # BP-46 without the journal: the replicas and the limbo protocol make up for a crash
+        # that loses what the engine had not synced.
+        return OK, record if self.config.journal_write_data else None
 
-    def _check_add(self, req: AddRequest) -> StatusCode:
-        if req.ledger_id < 0 or req.entry_id < 0 or len(req.master_key) != MASTER_KEY_BYTES:
-            return StatusCode.BAD_REQUEST
-        if req.lac >= req.entry_id and not req.flags & ADD_FLAG_RECOVERY:
-            return StatusCode.BAD_REQUEST  # a writer's LAC is always below the entry it sends
-        if self.read_only and not req.flags & ADD_FLAG_RECOVERY:
-            return StatusCode.READ_ONLY
-        pdigest = payload_digest(req.payload)
-        if header_digest(req.ledger_id, req.entry_id, req.lac, pdigest) != req.digest:
-            return StatusCode.BAD_DIGEST
-        return OK
+    def _refused(self, status: StatusCode) -> tuple[StatusCode, None]:
+        self.counters[f"add_{status.name.lower()}"] += 1
+        return status, None
 
     # --- fence ----------------------------------------------------------------------------
 
@@ -455,11 +483,17 @@ def _ignore(exc: BaseException | None) -> None:
     """Callback for records whose durability a later record's callback already implies."""
 
 
+def _first_failure(statuses: list[StatusCode]) -> StatusCode:
+    return next((s for s in statuses if s is not OK), OK)
+
+
 def error_response(request: Message, status: int) -> Message:
     """A response of the request's own type carrying only an error status."""
     rid = request.request_id
     if isinstance(request, AddRequest):
         return AddResponse(rid, status, request.ledger_id, request.entry_id)
+    if isinstance(request, AddBatchRequest):
+        return AddBatchResponse(rid, status, request.ledger_id, [])
     if isinstance(request, ReadRequest):
         return ReadResponse(rid, status, request.ledger_id, request.entry_id, *[None] * 4)
     if isinstance(request, ReadLacRequest):

@@ -459,6 +459,14 @@ class BookiePool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def statistics(self) -> dict[str, int]:
+        """Open connections, and requests/responses/timeouts/in flight summed over them."""
+        total = {"connections": len(self._clients)}
+        for client in self._clients.values():
+            for key, value in client.statistics().items():
+                total[key] = total.get(key, 0) + value
+        return total
+
     async def close(self) -> None:
         """Close every connection."""
         self._closed = True

@@ -55,9 +55,10 @@ class BookKeeper:
 
         Raises:
             MetadataUnavailableError: the metadata store cannot be reached (within its timeout).
-            ConfigError: a malformed URI.
+            ConfigError: a malformed URI, or an invalid ``config``.
         """
         config = config or ClientConfig()
+        config.validate()
         rng = rng or random.Random()
         placement = PlacementPolicy(config.min_racks_per_write_quorum, config.strict_placement)
         async with open_metadata_store(uri, metadata_config) as store:

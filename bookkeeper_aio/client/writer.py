@@ -42,7 +42,14 @@ from ..errors import (
 )
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..metadata.store import update_ledger
-from ..protocol import AddRequest, AddResponse, SharedFrame, WriteLacRequest
+from ..protocol import (
+    AddBatchRequest,
+    AddBatchResponse,
+    AddRequest,
+    AddResponse,
+    SharedFrame,
+    WriteLacRequest,
+)
 from ..quorum import AckSet, write_set
 from .context import ClientContext
 
@@ -57,6 +64,9 @@ class _PendingAdd:
         self.entry_id, self.lac, self.payload, self.digest = entry_id, lac, payload, digest
         self.ack_set = ack_set
         self.future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+
+_Packed = tuple[list[_PendingAdd], SharedFrame] | None
 
 
 class LedgerWriter:
@@ -80,6 +90,10 @@ class LedgerWriter:
         self._closed = False
         self._failed_bookies: dict[int, str] = {}  # index -> bookie awaiting replacement
         self._changing: set[int] = set()
+        # Adds for each ensemble index in this loop turn: sent as one frame per bookie.
+        self._queued: dict[int, list[_PendingAdd]] = {}
+        self._queued_bytes: dict[int, int] = {}
+        self._flush_handle: asyncio.Handle | None = None
         self._change_task: asyncio.Task[None] | None = None
         self._ensemble_changes = 0
         self._lac_sent = -1  # highest LAC that reached the bookies (piggybacked or explicit)
@@ -113,10 +127,8 @@ class LedgerWriter:
         self._pending.append(op)
         if len(self._pending) >= self.ctx.config.adds_pending_max:
             self._room.clear()
-        frame = SharedFrame(AddRequest, self.ledger_id, entry_id, 0, self._key, lac, payload,
-                            digest)  # fmt: skip
         for index in ack_set.write_set:
-            self._send(op, index, frame)
+            self._send(op, index)
         self._idle = False
         self._lac_sent = max(self._lac_sent, lac)
         return op.future
@@ -186,23 +198,69 @@ class LedgerWriter:
         if self._closed:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
 
-    def _send(self, op: _PendingAdd, index: int, frame: SharedFrame | None = None) -> None:
+    def _send(self, op: _PendingAdd, index: int) -> None:
+        """Queue an add for the bookie at ``index``; sent at the end of this loop turn,
+        together with the others queued for it (or now, when the batch is full)."""
         if index in self._changing:
             return  # re-sent to the replacement once the ensemble change is committed
-        bookie = self._ensemble[index]
-        if frame is None:  # a re-send: the first sends' frame is not kept (memory)
+        queued = self._queued.get(index)
+        if queued is None:
+            self._queued[index] = [op]
+            self._queued_bytes[index] = len(op.payload)
+            if self._flush_handle is None:
+                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+            return
+        queued.append(op)
+        size = self._queued_bytes[index] = self._queued_bytes[index] + len(op.payload)
+        cfg = self.ctx.config
+        if len(queued) >= cfg.add_batch_entries_max or size >= cfg.add_batch_bytes_max:
+            self._send_batch(index, self._queued.pop(index), None)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        frame = None
+        for index in list(self._queued):
+            # With E == WQ every bookie gets the same adds: the frame is packed once.
+            frame = self._send_batch(index, self._queued.pop(index), frame)
+
+    def _send_batch(self, index: int, ops: list[_PendingAdd], previous: _Packed) -> _Packed:
+        """Send ``ops`` to the bookie at ``index`` (reusing ``previous`` if it packed the same
+        adds); return what was packed."""
+        self._queued_bytes.pop(index, None)
+        if index in self._changing or self._failed is not None:
+            return previous  # re-sent to the replacement once the ensemble change is committed
+        if previous is not None and previous[0] == ops:
+            frame = previous[1]
+        elif len(ops) == 1:
+            op = ops[0]
             frame = SharedFrame(AddRequest, self.ledger_id, op.entry_id, 0, self._key, op.lac,
                                 op.payload, op.digest)  # fmt: skip
-        self.ctx.pool.send_shared(bookie, frame, partial(self._on_add, op, index, bookie))
+        else:
+            entries = [[op.entry_id, op.lac, op.payload, op.digest] for op in ops]
+            frame = SharedFrame(AddBatchRequest, self.ledger_id, 0, self._key, entries)
+        bookie = self._ensemble[index]
+        self.ctx.pool.send_shared(bookie, frame, partial(self._on_batch, ops, index, bookie))
+        return ops, frame
+
+    def _on_batch(self, ops: list[_PendingAdd], index: int, bookie: str, result: Any) -> None:
+        if type(result) is AddBatchResponse and len(result.statuses) == len(ops):
+            for op, status in zip(ops, result.statuses, strict=True):
+                self._on_add(op, index, bookie, status)
+        elif type(result) is AddResponse:
+            self._on_add(ops[0], index, bookie, result.status)
+        else:  # an exception, or a batch refused as a whole
+            for op in ops:
+                self._on_add(op, index, bookie, result)
 
     def _on_add(self, op: _PendingAdd, index: int, bookie: str, result: Any) -> None:
+        """``result``: the add's status, or an exception / a response for a failed request."""
         if op.future.done() or self._ensemble[index] != bookie:
             return  # completed already, or an answer from a bookie that was replaced
-        if type(result) is AddResponse and result.status == StatusCode.OK:
+        if type(result) is int and result == StatusCode.OK:
             if op.ack_set.add(index):
                 self._complete_in_order()
             return
-        status = getattr(result, "status", None)
+        status = result if type(result) is int else getattr(result, "status", None)
         if status == StatusCode.TOO_MANY_REQUESTS or isinstance(result, TooManyRequestsError):
             # Overload, not failure: retry the same bookie shortly instead of replacing it.
             loop = asyncio.get_running_loop()
