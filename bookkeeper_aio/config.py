@@ -225,6 +225,7 @@ class ClientConfig(_Config):
     client_name: str = field(default="bookkeeper-aio")
     # Ledger handles.
     adds_pending_max: int = 10_000  # per writer; past it append() waits (backpressure)
+    adds_pending_bytes_max: int = 64 * MiB  # per writer: payload bytes pending, same effect
     add_batch_entries_max: int = 256  # adds to one bookie in one loop turn go in one frame
     add_batch_bytes_max: int = 1 * MiB  # payload bytes per batch frame (< frame_bytes_max)
     explicit_lac_interval_s: float = 0.5  # idle writer sends its LAC so tailers see the end

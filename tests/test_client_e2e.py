@@ -8,6 +8,7 @@ import pytest
 
 from bookkeeper_aio import (
     BookKeeper,
+    BookKeeperError,
     ClientConfig,
     IncorrectParameterError,
     LedgerFencedError,
@@ -79,6 +80,18 @@ async def test_adds_of_one_loop_turn_go_to_each_bookie_in_one_frame(shared_clust
         reader = await bk.open_ledger(w.ledger_id, password=b"pw")
         got = await reader.read(1, 200)
         assert [e.payload for e in got] == [b"%d" % i for i in range(200)]
+
+
+async def test_pending_payload_bytes_are_bounded(shared_cluster):
+    config = ClientConfig(adds_pending_bytes_max=10_000, request_timeout_s=3)
+    async with BookKeeper.connect(shared_cluster.uri, config) as bk:
+        w = await bk.create_ledger(3, 3, 2, password=b"pw")
+        first = [w.append_nowait(b"x" * 4096) for _ in range(2)]
+        with pytest.raises(BookKeeperError, match="pending; await append"):
+            w.append_nowait(b"x" * 4096)  # 12 KiB would be pending
+        assert await w.append(b"y" * 4096) == 2  # waits for room instead
+        assert await asyncio.gather(*first) == [0, 1]
+        assert await w.append(b"z" * 50_000) == 3  # larger than the bound: goes alone
 
 
 async def test_recovery_fences_the_writer_and_keeps_every_acknowledged_entry(shared_cluster):

@@ -6,8 +6,8 @@ Theory of operation
 (ledger, entry, LAC so far, payload) and sends it to the entry's write set; each bookie's answer
 feeds the entry's :class:`~bookkeeper_aio.quorum.AckSet`. Entries complete strictly in order:
 an entry's future resolves only when it *and every earlier entry* reached the ack quorum, and
-the LAC advances with it. At most ``adds_pending_max`` entries are pending; :meth:`append`
-waits for room (backpressure, bounded memory).
+the LAC advances with it. At most ``adds_pending_max`` entries and ``adds_pending_bytes_max``
+payload bytes are pending; :meth:`append` waits for room (backpressure, bounded memory).
 
 A bookie that fails an add (error, timeout, lost connection, read-only) is replaced by the
 ensemble-change coroutine: replacements come from the placement policy, and the metadata gets
@@ -83,6 +83,7 @@ class LedgerWriter:
         self.last_add_confirmed = -1
         self.last_add_pushed = -1
         self.length = 0
+        self._pending_bytes = 0
         self._pending: collections.deque[_PendingAdd] = collections.deque()
         self._room = asyncio.Event()
         self._room.set()
@@ -112,12 +113,15 @@ class LedgerWriter:
         Raises:
             LedgerClosedError: the handle is closed.
             LedgerFencedError / another BookKeeperError: the handle failed earlier.
-            TooManyPendingError (a BookKeeperError): ``adds_pending_max`` adds are pending;
-                use :meth:`append`, which waits for room.
+            BookKeeperError: ``adds_pending_max`` adds or ``adds_pending_bytes_max`` bytes are
+                pending; use :meth:`append`, which waits for room.
         """
         self._check_open()
-        if len(self._pending) >= self.ctx.config.adds_pending_max:
-            raise BookKeeperError(f"{len(self._pending)} adds pending; await append() instead")
+        if not self._has_room(len(payload)):
+            raise BookKeeperError(
+                f"{len(self._pending)} adds ({self._pending_bytes} bytes) pending; "
+                "await append() instead"
+            )
         entry_id = self.last_add_pushed + 1
         self.last_add_pushed = entry_id
         lac = self.last_add_confirmed
@@ -125,8 +129,7 @@ class LedgerWriter:
         ack_set = AckSet(write_set(entry_id, self._e, self._wq), self._aq)
         op = _PendingAdd(entry_id, lac, payload, digest, ack_set)
         self._pending.append(op)
-        if len(self._pending) >= self.ctx.config.adds_pending_max:
-            self._room.clear()
+        self._pending_bytes += len(payload)
         for index in ack_set.write_set:
             self._send(op, index)
         self._idle = False
@@ -139,10 +142,17 @@ class LedgerWriter:
         Raises:
             LedgerClosedError, LedgerFencedError, NotEnoughBookiesError, UnauthorizedError, ...
         """
-        while len(self._pending) >= self.ctx.config.adds_pending_max:
+        while not self._has_room(len(payload)):
             self._check_open()
+            self._room.clear()
             await self._room.wait()
         return await self.append_nowait(payload)
+
+    def _has_room(self, size: int) -> bool:
+        cfg = self.ctx.config
+        return len(self._pending) < cfg.adds_pending_max and (
+            not self._pending or self._pending_bytes + size <= cfg.adds_pending_bytes_max
+        )  # one entry larger than the byte bound still goes, alone
 
     async def close(self) -> None:
         """Drain pending adds, then CAS the metadata to CLOSED at the LAC.
@@ -290,10 +300,10 @@ class LedgerWriter:
             assert op.entry_id == self.last_add_confirmed + 1  # ordered completion
             self.last_add_confirmed = op.entry_id
             self.length += len(op.payload)
+            self._pending_bytes -= len(op.payload)
             if not op.future.done():
                 op.future.set_result(op.entry_id)
-        if len(pending) < self.ctx.config.adds_pending_max:
-            self._room.set()
+        self._room.set()  # waiters re-check their own size
 
     def _fail(self, exc: BaseException) -> None:
         if self._failed is None:
@@ -302,6 +312,7 @@ class LedgerWriter:
 
     def _fail_pending(self, exc: BaseException) -> None:
         pending, self._pending = list(self._pending), collections.deque()
+        self._pending_bytes = 0
         for op in pending:
             if not op.future.done():
                 op.future.set_exception(exc)
