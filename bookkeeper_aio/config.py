@@ -225,7 +225,8 @@ class ClientConfig(_Config):
     client_name: str = field(default="bookkeeper-aio")
     # Ledger handles.
     adds_pending_max: int = 10_000  # per writer; past it append() waits (backpressure)
-    adds_pending_bytes_max: int = 64 * MiB  # per writer: payload bytes pending, same effect
+    adds_pending_bytes_max: int = 16 * MiB  # per writer: payload bytes pending, same effect
+    bookie_backlog_bytes_max: int = 32 * MiB  # unanswered bytes to one bookie: writers wait
     add_batch_entries_max: int = 256  # adds to one bookie in one loop turn go in one frame
     add_batch_bytes_max: int = 1 * MiB  # payload bytes per batch frame (< frame_bytes_max)
     explicit_lac_interval_s: float = 0.5  # idle writer sends its LAC so tailers see the end
@@ -234,6 +235,7 @@ class ClientConfig(_Config):
     speculative_read_timeout_s: float = 0.5  # then the read also goes to the next replica
     long_poll_timeout_ms: int = 5_000  # a tailer's wait for the LAC to move
     recovery_reads_parallel_max: int = 64  # entries read ahead during recovery
+    reads_parallel_max: int = 1_000  # entries of one read(first, last) in flight at once
     close_timeout_s: float = 30.0  # waiting for pending adds before a close gives up
     min_racks_per_write_quorum: int = 1  # >1: rack-aware placement
     strict_placement: bool = False  # BP-31: fail rather than under-spread a write set

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import pytest
 
@@ -92,6 +93,34 @@ async def test_pending_payload_bytes_are_bounded(shared_cluster):
         assert await w.append(b"y" * 4096) == 2  # waits for room instead
         assert await asyncio.gather(*first) == [0, 1]
         assert await w.append(b"z" * 50_000) == 3  # larger than the bound: goes alone
+
+
+async def test_a_frozen_bookie_beyond_the_ack_quorum_does_not_grow_the_client(cluster):
+    limit = 256 * 1024
+    config = ClientConfig(bookie_backlog_bytes_max=limit, request_timeout_s=3)
+    async with BookKeeper.connect(cluster.uri, config) as bk:
+        w = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await w.append(b"warm")
+        frozen = next(b for b in cluster.bookies if b.address in w.metadata.ensembles[0][1])
+        frozen.signal(signal.SIGSTOP)  # AQ 2 of 3: the writer could run on without it
+        try:
+            acked, peak = {}, 0
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while loop.time() < deadline and not w.statistics()["ensemble_changes"]:
+                await w.wait_for_room(1024)
+                payload = b"%d" % len(acked) * 100
+                fut = w.append_nowait(payload[:1024])
+                fut.add_done_callback(lambda f, p=payload[:1024]: acked.__setitem__(f.result(), p))
+                peak = max(peak, bk.ctx.pool.backlog_bytes(frozen.address))
+            await w.close()
+        finally:
+            frozen.signal(signal.SIGCONT)
+        assert peak <= limit  # the writer waited for it instead of queueing without end
+        assert w.statistics()["ensemble_changes"] >= 1  # until the timeout replaced it
+        reader = await bk.open_ledger(w.ledger_id, password=b"pw")
+        got = await reader.read(1, reader.last_add_confirmed)
+        assert {e.entry_id: e.payload for e in got} == acked
 
 
 async def test_recovery_fences_the_writer_and_keeps_every_acknowledged_entry(shared_cluster):

@@ -70,6 +70,8 @@ from ..protocol import (
 
 log = logging.getLogger(__name__)
 
+WRITE_CHUNK_BYTES = 256 * 1024  # handed to the transport per call while it is writable
+
 
 class BookieClient(asyncio.Protocol):
     """One pipelined connection to one bookie (see the module docstring)."""
@@ -85,7 +87,8 @@ class BookieClient(asyncio.Protocol):
         # request id -> (deliver(response or exception), deadline). Callbacks, not futures:
         # a future costs an allocation plus a call_soon hop per response (profiled: about a
         # fifth of the client's CPU per add).
-        self._pending: dict[int, tuple[Callable[[Any], None], float]] = {}
+        self._pending: dict[int, tuple[Callable[[Any], None], float, int]] = {}
+        self.backlog_bytes = 0  # bytes of the requests sent and not yet answered
         self._next_id = 1
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -152,6 +155,7 @@ class BookieClient(asyncio.Protocol):
                 self.stats["late_responses"] += 1
                 continue
             self.stats["responses"] += 1
+            self.backlog_bytes -= entry[2]
             if type(msg) is ErrorResponse:
                 _deliver(entry[0], error_for_status(msg.status, f"{self.address}: {msg.message}"))
             else:
@@ -168,6 +172,7 @@ class BookieClient(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writable.set()
+        self._flush()
 
     # --- requests -------------------------------------------------------------------------
 
@@ -201,17 +206,22 @@ class BookieClient(asyncio.Protocol):
 
         Raises: as :meth:`request`, before sending anything.
         """
-        rid = self._register(callback, timeout_s)
-        self._out.append(self._encoder.encode(msg_type(rid, *fields)))
+        rid = self._next_id
+        frame = self._encoder.encode(msg_type(rid, *fields))
+        self._register(callback, timeout_s, len(frame))
+        self._out.append(frame)
 
     def request_shared(
         self, frame: SharedFrame, callback: Callable[[Any], None], timeout_s: float | None = None
     ) -> None:
         """:meth:`request_callback` for a request packed once for several bookies."""
-        rid = self._register(callback, timeout_s)
-        self._out.extend(frame.pieces(self._encoder.packer, rid))
+        head, tail = frame.pieces(self._encoder.packer, self._next_id)
+        self._register(callback, timeout_s, len(head) + len(tail))
+        self._out += (head, tail)
 
-    def _register(self, callback: Callable[[Any], None], timeout_s: float | None) -> int:
+    def _register(
+        self, callback: Callable[[Any], None], timeout_s: float | None, size: int
+    ) -> None:
         if self._closed is not None:
             raise self._closed
         if len(self._pending) >= self.config.bookie_requests_in_flight_max:
@@ -220,12 +230,12 @@ class BookieClient(asyncio.Protocol):
         rid = self._next_id
         self._next_id += 1
         deadline = self._loop.time() + (timeout_s or self.config.request_timeout_s)
-        self._pending[rid] = (callback, deadline)
+        self._pending[rid] = (callback, deadline, size)
+        self.backlog_bytes += size
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
         self.stats["requests"] += 1
-        return rid
 
     async def wait_capacity(self) -> None:
         """Wait until a request can be sent without exceeding a bound."""
@@ -240,18 +250,31 @@ class BookieClient(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._out and self._transport is not None and not self._transport.is_closing():
-            out, self._out = self._out, []
-            self._transport.writelines(out)
+        transport = self._transport
+        if not self._out or transport is None or transport.is_closing():
+            return
+        # Hand the transport at most WRITE_CHUNK_BYTES at a time and stop once it pauses us:
+        # frames left here are shared with the other bookies' connections (no copy), while
+        # the transport would copy each into its own buffer. resume_writing flushes the rest.
+        out, start, end = self._out, 0, 0
+        while end < len(out) and self._writable.is_set():
+            size = 0
+            while end < len(out) and size < WRITE_CHUNK_BYTES:
+                size += len(out[end])
+                end += 1
+            transport.writelines(out[start:end])
+            start = end
+        self._out = out[end:] if end < len(out) else []
 
     def _schedule_sweep(self) -> None:
         self._sweeper = self._loop.call_later(self.config.timeout_sweep_interval_s, self._sweep)
 
     def _sweep(self) -> None:
         now = self._loop.time()
-        expired = [rid for rid, (_, deadline) in self._pending.items() if deadline <= now]
+        expired = [rid for rid, (_, deadline, _) in self._pending.items() if deadline <= now]
         for rid in expired:
-            deliver, _ = self._pending.pop(rid)
+            deliver, _, size = self._pending.pop(rid)
+            self.backlog_bytes -= size
             self.stats["timeouts"] += 1
             _deliver(deliver, OperationTimeoutError(f"bookie {self.address} did not answer"))
         if expired and len(self._pending) < self.config.bookie_requests_in_flight_max:
@@ -266,7 +289,8 @@ class BookieClient(asyncio.Protocol):
         if self._sweeper is not None:
             self._sweeper.cancel()
         pending, self._pending = self._pending, {}
-        for deliver, _ in pending.values():
+        self.backlog_bytes = 0
+        for deliver, _, _ in pending.values():
             _deliver(deliver, exc)
         self._capacity.set()
         self._writable.set()
@@ -363,6 +387,11 @@ class BookiePool:
         self._backoff: dict[str, tuple[float, float]] = {}  # address -> (retry_at, delay)
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()  # connect-then-send, owned until done
+
+    def backlog_bytes(self, address: str) -> int:
+        """Bytes sent to ``address`` and not yet answered (0 without a connection)."""
+        client = self._clients.get(address)
+        return client.backlog_bytes if client is not None else 0
 
     def get_nowait(self, address: str) -> BookieClient | None:
         """A usable connection if there is one already."""

@@ -75,9 +75,13 @@ class LedgerReader:
         """Entries ``first..last`` whether or not they are confirmed (they may be truncated by
         a later recovery if they are not)."""
         md = self.metadata
-        return list(
-            await asyncio.gather(*(read_entry(self.ctx, md, e) for e in range(first, last + 1)))
-        )
+        window = asyncio.Semaphore(self.ctx.config.reads_parallel_max)
+
+        async def one(entry_id: int) -> LedgerEntry:
+            async with window:  # a long range must not exceed the connections' bounds
+                return await read_entry(self.ctx, md, entry_id)
+
+        return list(await asyncio.gather(*(one(e) for e in range(first, last + 1))))
 
     async def tail(self, from_entry_id: int = 0, batch: int = 100) -> AsyncIterator[LedgerEntry]:
         """Every entry from ``from_entry_id`` in order, following the writer; ends once the

@@ -7,7 +7,9 @@ Theory of operation
 feeds the entry's :class:`~bookkeeper_aio.quorum.AckSet`. Entries complete strictly in order:
 an entry's future resolves only when it *and every earlier entry* reached the ack quorum, and
 the LAC advances with it. At most ``adds_pending_max`` entries and ``adds_pending_bytes_max``
-payload bytes are pending; :meth:`append` waits for room (backpressure, bounded memory).
+payload bytes are pending, and at most ``bookie_backlog_bytes_max`` unanswered bytes on the
+connection to any bookie of the ensemble; :meth:`append` and :meth:`wait_for_room` wait for
+room (backpressure, bounded memory).
 
 A bookie that fails an add (error, timeout, lost connection, read-only) is replaced by the
 ensemble-change coroutine: replacements come from the placement policy, and the metadata gets
@@ -142,17 +144,39 @@ class LedgerWriter:
         Raises:
             LedgerClosedError, LedgerFencedError, NotEnoughBookiesError, UnauthorizedError, ...
         """
-        while not self._has_room(len(payload)):
+        await self.wait_for_room(len(payload))
+        return await self.append_nowait(payload)
+
+    async def wait_for_room(self, size: int) -> None:
+        """Wait until :meth:`append_nowait` can take an entry of ``size`` bytes: the
+        backpressure of a writer that pipelines adds without awaiting each one.
+
+        Raises:
+            LedgerClosedError / LedgerFencedError / ...: the handle is closed or failed.
+        """
+        while not self._has_room(size):
             self._check_open()
             self._room.clear()
             await self._room.wait()
-        return await self.append_nowait(payload)
+        self._check_open()
 
     def _has_room(self, size: int) -> bool:
+        # An entry larger than a bound still goes, alone (nothing pending / in the backlog).
         cfg = self.ctx.config
-        return len(self._pending) < cfg.adds_pending_max and (
-            not self._pending or self._pending_bytes + size <= cfg.adds_pending_bytes_max
-        )  # one entry larger than the byte bound still goes, alone
+        if self._pending and (
+            len(self._pending) >= cfg.adds_pending_max
+            or self._pending_bytes + size > cfg.adds_pending_bytes_max
+        ):
+            return False
+        # A slow bookie beyond the ack quorum holds up no completion, yet its unanswered
+        # frames pile up: wait for it too (BookKeeper's waitForWriteSet), or memory grows.
+        backlog, queued = self.ctx.pool.backlog_bytes, self._queued_bytes
+        limit = cfg.bookie_backlog_bytes_max - size
+        for index, bookie in enumerate(self._ensemble):
+            used = backlog(bookie) + queued.get(index, 0)
+            if used and used > limit:
+                return False
+        return True
 
     async def close(self) -> None:
         """Drain pending adds, then CAS the metadata to CLOSED at the LAC.
@@ -224,10 +248,12 @@ class LedgerWriter:
         size = self._queued_bytes[index] = self._queued_bytes[index] + len(op.payload)
         cfg = self.ctx.config
         if len(queued) >= cfg.add_batch_entries_max or size >= cfg.add_batch_bytes_max:
-            self._send_batch(index, self._queued.pop(index), None)
+            self._flush()  # every index, so that identical batches are still packed once
 
     def _flush(self) -> None:
-        self._flush_handle = None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
         frame = None
         for index in list(self._queued):
             # With E == WQ every bookie gets the same adds: the frame is packed once.
@@ -253,6 +279,7 @@ class LedgerWriter:
         return ops, frame
 
     def _on_batch(self, ops: list[_PendingAdd], index: int, bookie: str, result: Any) -> None:
+        self._room.set()  # the bookie's backlog shrank: waiters re-check
         if type(result) is AddBatchResponse and len(result.statuses) == len(ops):
             for op, status in zip(ops, result.statuses, strict=True):
                 self._on_add(op, index, bookie, status)
@@ -264,12 +291,17 @@ class LedgerWriter:
 
     def _on_add(self, op: _PendingAdd, index: int, bookie: str, result: Any) -> None:
         """``result``: the add's status, or an exception / a response for a failed request."""
-        if op.future.done() or self._ensemble[index] != bookie:
-            return  # completed already, or an answer from a bookie that was replaced
+        if self._ensemble[index] != bookie:
+            return  # an answer from a bookie that was replaced
         if type(result) is int and result == StatusCode.OK:
-            if op.ack_set.add(index):
+            if not op.future.done() and op.ack_set.add(index):
                 self._complete_in_order()
             return
+        if op.future.done() and (self._closed or self._failed is not None):
+            return
+        # A failure after the entry reached its ack quorum still replaces the bookie (as
+        # BookKeeper does): a bookie that is slow or gone beyond the ack quorum must not
+        # hold up the writer's backpressure (bookie_backlog_bytes_max) for ever.
         status = result if type(result) is int else getattr(result, "status", None)
         if status == StatusCode.TOO_MANY_REQUESTS or isinstance(result, TooManyRequestsError):
             # Overload, not failure: retry the same bookie shortly instead of replacing it.
