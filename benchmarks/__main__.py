@@ -1,38 +1,71 @@
-"""``python -m benchmarks MODE ...``; ``all --short`` is what ``make bench`` runs."""
+"""``python -m benchmarks MODE ...``; ``all --short`` is what ``make bench`` runs.
+
+Modes: writes (BenchThroughputLatency: closed loop or --rate), reads, tail, recovery (client
+benchmarks against etcd + bookie processes started here, or --metadata URI), bookie (one
+bookie, no client), journal (one bookie with and without the journal), overload (client and
+bookie memory when writers push faster than the bookies sync), all.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import uvloop
 
-from . import bookie
+from . import bookie, journal, overload, reads, recovery, suite, tail, writes
+
+MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]] = {
+    "writes": (writes, writes.run_writes, "client adds: entries/s, latency, etcd/disk peers"),
+    "reads": (reads, reads.run_reads, "write a ledger, read it back"),
+    "tail": (tail, tail.run_tail, "one writer, one tailing reader: append-to-read latency"),
+    "recovery": (recovery, recovery.run_recovery, "open-with-recovery of abandoned ledgers"),
+    "bookie": (bookie, bookie.run_bookie_bench, "one bookie: latency and throughput"),
+    "journal": (journal, journal.run_journal, "one bookie with/without the journal"),
+    "overload": (overload, overload.run_overload, "writers faster than the bookies: RSS"),
+    "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     modes = parser.add_subparsers(dest="mode", required=True, metavar="MODE")
-    bookie.add_arguments(modes.add_parser("bookie", help="one bookie: latency and throughput"))
-    everything = modes.add_parser("all", help="every benchmark, one table each")
-    everything.add_argument("--short", action="store_true", help="a few seconds per phase")
-    everything.add_argument("--dir", metavar="DIR")
+    for name, (module, _, help_text) in MODES.items():
+        module.add_arguments(
+            modes.add_parser(
+                name,
+                help=help_text,
+                description=module.__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+        )
     return parser
 
 
-async def run_all(args: argparse.Namespace) -> None:
-    duration = 5.0 if args.short else 30.0
-    bookie_args = build_parser().parse_args(["bookie", "--duration", str(duration)])
-    bookie_args.dir = args.dir
-    await bookie.run_bookie_bench(bookie_args)
+async def _stoppable(run: Callable[[argparse.Namespace], Awaitable[Any]], args: Any) -> None:
+    """Run a mode; SIGTERM cancels it like Ctrl-C does, so its servers are stopped too."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    await run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.mode == "bookie":
-        uvloop.run(bookie.run_bookie_bench(args))
-    else:
-        uvloop.run(run_all(args))
+    _, run, _ = MODES[args.mode]
+    try:
+        uvloop.run(_stoppable(run, args))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted; every server it started was stopped", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bookkeeper_aio.client.bookie_client import BookieClient
-from bookkeeper_aio.config import ClientConfig
+from bookkeeper_aio.config import BookieConfig, ClientConfig
 from bookkeeper_aio.digest import entry_digest, master_key
 from bookkeeper_aio.errors import StatusCode
 from bookkeeper_aio.net import TcpNetwork
@@ -31,6 +31,9 @@ KEY = master_key(b"bench")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=10.0, metavar="S")
+    p.add_argument("--warmup", type=float, default=1.0, metavar="S")
+    p.add_argument("--baseline-duration", type=float, default=2.0, metavar="S",
+                   help="seconds per disk baseline (1 entry, a batch per fsync)")  # fmt: skip
     p.add_argument("--outstanding", type=int, default=1000, metavar="N")
     p.add_argument("--entry-size", type=int, default=1024, metavar="B")
     p.add_argument("--sequential", type=int, default=2000, metavar="N", help="sequential adds")
@@ -101,6 +104,8 @@ async def pipelined(writer: _Writer, outstanding: int, duration_s: float) -> dic
     count = len(latencies)
     size = len(writer.payload)
     return {
+        "entries": count,
+        "elapsed_s": elapsed,
         "adds_per_s": count / elapsed,
         "mb_per_s": count * size / elapsed / 1e6,
         "errors": errors,
@@ -108,27 +113,36 @@ async def pipelined(writer: _Writer, outstanding: int, duration_s: float) -> dic
     }
 
 
-async def run_bookie_bench(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the three phases (and the baseline); print a table; return the results."""
+async def run_bookie_bench(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
+    """Run the three phases (and the baseline); print a table; return the results.
+
+    The top-level ``entries_per_s``, ``mb_per_s`` and percentiles are the pipelined phase's.
+    """
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-bookie-") as tmp:
         root = Path(tmp)
-        bookie = None if args.bookie else BookieProcess(root / "bookie", args.engine).start()
-        address = args.bookie or bookie.address  # type: ignore[union-attr]
+        bookie = None
         try:
-            result = await _phases(address, args)
+            if not args.bookie:
+                bookie = BookieProcess(root / "bookie", args.engine)
+                bookie.start()
+            result = await _phases(args.bookie or bookie.address, args)  # type: ignore[union-attr]
         finally:
-            if bookie is not None:
+            if bookie is not None and bookie.proc is not None:
                 bookie.stop()
         journal_dir = root / "bookie" / "journal" if bookie else root
-        result["disk_1_entry"] = group_commit_limit(journal_dir, args.entry_size, 2.0)
-        result["disk_batch"] = group_commit_limit(journal_dir, 512 * 1024, 3.0, args.entry_size)
-    result["ratio_pipelined_to_disk"] = (
-        result["pipelined"]["adds_per_s"] / result["disk_batch"]["entries_per_s"]
-    )
+        seconds = args.baseline_duration
+        result["disk_1_entry"] = group_commit_limit(journal_dir, args.entry_size, seconds)
+        batch = BookieConfig().journal_batch_bytes_max
+        result["disk_batch"] = group_commit_limit(journal_dir, batch, seconds, args.entry_size)
+    pipe = result["pipelined"]
+    result.update({k: pipe[k] for k in ("mb_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms")})
+    result["entries_per_s"] = pipe["adds_per_s"]
+    result["ratio_pipelined_to_disk"] = pipe["adds_per_s"] / result["disk_batch"]["entries_per_s"]
     result["ratio_sequential_p50_to_fsync_p50"] = (
         result["sequential"]["p50_ms"] / result["disk_1_entry"]["p50_ms"]
     )
-    _print(result)
+    if not quiet:
+        _print(result)
     write_json(args.json, result)
     return result
 
@@ -139,7 +153,7 @@ async def _phases(address: str, args: argparse.Namespace) -> dict[str, Any]:
     payload = os.urandom(args.entry_size)
     try:
         base = int.from_bytes(os.urandom(6), "big") << 8
-        await pipelined(_Writer(client, base, payload), args.outstanding, 1.0)  # warm-up
+        await pipelined(_Writer(client, base, payload), args.outstanding, args.warmup)
         seq = await sequential(_Writer(client, base + 1, payload), args.sequential)
         pipe = await pipelined(_Writer(client, base + 2, payload), args.outstanding, args.duration)
     finally:

@@ -35,13 +35,21 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
     keys = list(rows[0])
     cells = [[_fmt(r.get(k)) for k in keys] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    left = [isinstance(rows[0].get(k), str) for k in keys]  # text left, numbers right
+
+    def line(values: list[str]) -> str:
+        parts = zip(values, widths, left, strict=True)
+        return "  ".join(v.ljust(w) if lft else v.rjust(w) for v, w, lft in parts).rstrip()
+
     print(f"\n{title}")
-    print("  ".join(k.rjust(w) for k, w in zip(keys, widths, strict=True)))
+    print(line(keys))
     for c in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(c, widths, strict=True)))
+        print(line(c))
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)

@@ -1,0 +1,77 @@
+"""The cluster a client benchmark runs against: its own etcd + bookie processes on 127.0.0.1
+(stopped whatever happens: errors, Ctrl-C), or an existing one given by ``--metadata URI``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bookkeeper_aio.metadata.store import open_metadata_store
+from bookkeeper_aio.sandbox import BookieProcess, Cluster
+
+REGISTRATION_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Target:
+    """Where a benchmark sends its load, and a scratch dir on the same disk."""
+
+    uri: str
+    scratch: Path
+    bookies: list[BookieProcess] = field(default_factory=list)  # empty with --metadata
+
+
+@contextlib.asynccontextmanager
+async def local_cluster(
+    root: Path, bookies: int, engine: str = "rocksdb", *extra: str
+) -> AsyncIterator[Cluster]:
+    """etcd (one member) + ``bookies`` bookie processes, registered and writable.
+
+    Raises:
+        RuntimeError / TimeoutError: a process did not start, or bookies did not register.
+    """
+    cluster = Cluster(root, bookies, engine, *extra)
+    try:
+        cluster.etcd.start()
+        async with open_metadata_store(cluster.uri) as store:
+            await store.init_cluster()
+        for bookie in cluster.bookies:
+            bookie.start()
+        await wait_registered(cluster.uri, bookies)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def wait_registered(uri: str, count: int) -> None:
+    """Bookies listen before they register: wait until ``count`` are registered at ``uri``.
+
+    Raises:
+        TimeoutError: fewer than ``count`` after ``REGISTRATION_TIMEOUT_S``.
+    """
+    deadline = time.monotonic() + REGISTRATION_TIMEOUT_S
+    async with open_metadata_store(uri) as store:
+        while len(await store.list_bookies()) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {count} bookies registered at {uri}")
+            await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def target(
+    metadata: str | None, directory: str | None, bookies: int, engine: str, *extra: str
+) -> AsyncIterator[Target]:
+    """``metadata`` if given, else a local cluster in a temporary dir under ``directory``."""
+    with tempfile.TemporaryDirectory(dir=directory, prefix="bench-") as tmp:
+        scratch = Path(tmp)
+        if metadata:
+            yield Target(metadata, scratch)
+            return
+        async with local_cluster(scratch / "cluster", bookies, engine, *extra) as cluster:
+            yield Target(cluster.uri, scratch, cluster.bookies)

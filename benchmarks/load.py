@@ -1,0 +1,209 @@
+"""Load generators: a closed loop (N operations outstanding, like BookKeeper's
+BenchThroughputLatency) and an open loop (a fixed rate, like the OpenMessaging Benchmark).
+
+Theory of operation
+-------------------
+Both drive a ``send`` function that starts one operation and returns a future (an add, a read,
+an etcd put). The closed loop starts ``outstanding`` operations and starts the next one from
+each completion's callback, until the duration (or the count) is used up; latency is measured
+from the actual send. The open loop sends operation *i* at ``start + i / rate`` and measures
+latency from that *intended* time, so a stall also counts against the operations that should
+have been sent during it (no coordinated omission); ``outstanding`` then only bounds memory.
+
+Time is ``time.perf_counter``: uvloop's ``loop.time()`` has millisecond resolution. The open
+loop's timer wake-ups have that resolution too, so its latencies include up to ~1 ms of timer
+slack at rates above 1000/s (operations due in the same millisecond leave together).
+
+A ``send`` that raises (the ledger handle failed) counts one error and stops that slot; a
+future that fails counts one error. Both loops end when every started operation finished;
+``drain_timeout_s`` bounds that wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .stats import latency_summary
+
+Send = Callable[[], "asyncio.Future[Any]"]
+Weight = Callable[[Any], int]
+
+
+def _one(_: Any) -> int:
+    return 1
+
+
+@dataclass
+class LoadResult:
+    """What one run of a load generator measured."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    entries: int = 0  # operations, or entries when an operation carries several (reads)
+    errors: int = 0
+    first_error: str | None = None
+    elapsed_s: float = 0.0
+
+    def fail(self, exc: BaseException) -> None:
+        """Count one failed operation (the first one's text is kept)."""
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = f"{type(exc).__name__}: {exc}"
+
+    def summary(self, entry_bytes: int) -> dict[str, Any]:
+        """entries/s, MB/s, errors and the latency percentiles."""
+        elapsed = max(self.elapsed_s, 1e-9)
+        return {
+            "operations": len(self.latencies_s),
+            "entries": self.entries,
+            "entries_per_s": self.entries / elapsed,
+            "mb_per_s": self.entries * entry_bytes / elapsed / 1e6,
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "elapsed_s": self.elapsed_s,
+            **latency_summary(self.latencies_s),
+        }
+
+
+class _Tracker:
+    """Completion bookkeeping shared by both loops."""
+
+    def __init__(self, weight: Weight) -> None:
+        self.result = LoadResult()
+        self.weight = weight
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.last_completion = time.perf_counter()
+
+    def start(self, send: Send, t0: float, then: Callable[[], None] | None = None) -> bool:
+        """Send one operation whose latency counts from ``t0``; False if ``send`` raised."""
+        try:
+            future = send()
+        except Exception as exc:
+            self.result.fail(exc)
+            return False
+        self.in_flight += 1
+        self.idle.clear()
+        future.add_done_callback(lambda f: self._done(f, t0, then))
+        return True
+
+    def _done(
+        self, future: asyncio.Future[Any], t0: float, then: Callable[[], None] | None
+    ) -> None:
+        now = time.perf_counter()
+        self.in_flight -= 1
+        self.last_completion = now
+        if future.cancelled():
+            self.result.fail(asyncio.CancelledError())
+        elif future.exception() is not None:
+            self.result.fail(future.exception())  # type: ignore[arg-type]
+        else:
+            self.result.latencies_s.append(now - t0)
+            self.result.entries += self.weight(future.result())
+        if then is not None:
+            then()
+        if self.in_flight == 0:
+            self.idle.set()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait until every started operation finished (bounded)."""
+        async with asyncio.timeout(timeout_s):
+            await self.idle.wait()
+
+
+async def closed_loop(
+    send: Send,
+    outstanding: int,
+    duration_s: float | None = None,
+    count: int | None = None,
+    *,
+    weight: Weight = _one,
+    drain_timeout_s: float = 60.0,
+) -> LoadResult:
+    """Keep ``outstanding`` operations in flight for ``duration_s`` or ``count`` sends.
+
+    Raises:
+        TimeoutError: started operations did not finish within ``drain_timeout_s``.
+    """
+    assert outstanding >= 1 and (duration_s is not None or count is not None)
+    tracker = _Tracker(weight)
+    start = time.perf_counter()
+    deadline = start + duration_s if duration_s is not None else float("inf")
+    remaining = count if count is not None else -1
+
+    def launch() -> None:
+        nonlocal remaining
+        if remaining == 0 or time.perf_counter() >= deadline:
+            return
+        remaining -= 1
+        tracker.start(send, time.perf_counter(), launch)
+
+    for _ in range(outstanding):
+        launch()
+    await tracker.drain((duration_s or 0) + drain_timeout_s)
+    tracker.result.elapsed_s = tracker.last_completion - start
+    return tracker.result
+
+
+async def open_loop(
+    send: Send,
+    rate_per_s: float,
+    duration_s: float,
+    outstanding_max: int,
+    *,
+    weight: Weight = _one,
+    drain_timeout_s: float = 60.0,
+) -> LoadResult:
+    """Send at ``rate_per_s`` for ``duration_s``; latency from each intended send time.
+
+    At most ``outstanding_max`` operations are in flight; past that the loop waits, and the
+    wait shows up in the latencies of the operations it delays.
+
+    Raises:
+        TimeoutError: started operations did not finish within ``drain_timeout_s``.
+    """
+    assert rate_per_s > 0 and outstanding_max >= 1
+    tracker = _Tracker(weight)
+    room = asyncio.Event()
+    room.set()
+
+    def freed() -> None:
+        if tracker.in_flight < outstanding_max:
+            room.set()
+
+    total = max(1, int(rate_per_s * duration_s))
+    start = time.perf_counter()
+    sent = 0
+    async with asyncio.timeout(duration_s + drain_timeout_s):
+        while sent < total:
+            due = min(total, int((time.perf_counter() - start) * rate_per_s) + 1)
+            while sent < due:
+                if tracker.in_flight >= outstanding_max:
+                    room.clear()
+                    await room.wait()
+                if not tracker.start(send, start + sent / rate_per_s, freed):
+                    total = sent  # the handle failed: stop sending
+                    break
+                sent += 1
+            await asyncio.sleep(max(0.0, start + sent / rate_per_s - time.perf_counter()))
+    await tracker.drain(drain_timeout_s)
+    tracker.result.elapsed_s = tracker.last_completion - start
+    return tracker.result
+
+
+async def drive(
+    send: Send,
+    outstanding: int,
+    duration_s: float,
+    rate_per_s: float | None = None,
+    *,
+    weight: Weight = _one,
+) -> LoadResult:
+    """The open loop if a rate is given, else the closed loop."""
+    if rate_per_s:
+        return await open_loop(send, rate_per_s, duration_s, outstanding, weight=weight)
+    return await closed_loop(send, outstanding, duration_s, weight=weight)

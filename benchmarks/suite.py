@@ -1,0 +1,138 @@
+"""``all``: every benchmark once, then one table (what ``make bench`` runs with ``--short``).
+
+Order: the disk's limits (first, while nothing of ours is being written back), one bookie,
+journal on/off, then one local cluster (etcd + 3 bookies) for the client benchmarks (writes at
+1, 128 and 1000 outstanding and an open loop at half the closed-loop rate, tail, reads,
+recovery), then the 3-member etcd peer at the same concurrencies. ``--short`` gives each
+measured phase 5 s (the whole run takes under two minutes on a 2-vCPU machine); without it,
+30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from . import bookie, journal, overload, reads, recovery, tail, writes
+from .cluster import local_cluster
+from .peers import disk_limits, etcd_fields, etcd_peer, ratios
+from .stats import print_table, write_json
+
+WRITE_OUTSTANDINGS = (1, 128, 1000)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--short", action="store_true", help="5 s per measured phase (make bench)")
+    p.add_argument("--dir", metavar="DIR", help="where servers and baselines write (tmp)")
+    p.add_argument("--json", metavar="PATH")
+
+
+def mode_args(module: ModuleType, argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv`` with ``module``'s own options (so defaults stay in one place)."""
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+async def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Run everything; print one table; return (and write) every result."""
+    started = time.perf_counter()
+    d = "5" if args.short else "30"
+    common = ["--duration", d, "--dir", args.dir] if args.dir else ["--duration", d]
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-all-") as tmp:
+        scratch = Path(tmp)
+        disk = disk_limits(scratch, 1024, 2.0)  # first: nothing of ours is being written back
+        results["bookie"] = await bookie.run_bookie_bench(mode_args(bookie, common), quiet=True)
+        results["journal"] = await journal.run_journal(mode_args(journal, common), quiet=True)
+        async with local_cluster(scratch / "cluster", 3) as cluster:
+            results.update(await _client_benchmarks(cluster.uri, common))
+        etcd = await etcd_peer(scratch, list(WRITE_OUTSTANDINGS), float(d), 1024)
+        results["overload"] = await overload.run_overload(mode_args(overload, common), quiet=True)
+    for n in WRITE_OUTSTANDINGS:
+        r = results[f"writes_c{n}"]
+        r.update(etcd_fields(etcd[n]))
+        r.update(disk)
+        r.update(ratios(r))
+    results["etcd"] = {str(n): v for n, v in etcd.items()}
+    results["disk"] = disk
+    results["elapsed_s"] = time.perf_counter() - started
+    print_summary(results, args.short)
+    write_json(args.json, results)
+    return results
+
+
+async def _client_benchmarks(uri: str, common: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for n in WRITE_OUTSTANDINGS:
+        argv = [*common, "--outstanding", str(n)]
+        out[f"writes_c{n}"] = await writes.measure_writes(uri, mode_args(writes, argv))
+    rate = max(100, round(out["writes_c1000"]["entries_per_s"] / 2, -2))
+    argv = [*common, "--rate", str(rate), "--outstanding", "10000"]
+    out["writes_rate"] = await writes.measure_writes(uri, mode_args(writes, argv))
+    out["tail"] = await tail.measure_tail(uri, mode_args(tail, [*common, "--rate", "1000"]))
+    argv = [*common, "--entries", "20000"]
+    out["reads_batch100"] = await reads.measure_reads(uri, mode_args(reads, argv))
+    argv = [*argv, "--batch", "1", "--outstanding", "100"]
+    out["reads_c100"] = await reads.measure_reads(uri, mode_args(reads, argv))
+    argv = ["--ledgers", "10", "--entries", "2000", "--outstanding", "1000"]
+    out["recovery"] = await recovery.measure_recovery(uri, mode_args(recovery, argv))
+    return out
+
+
+def print_summary(results: dict[str, Any], short: bool) -> None:
+    """The one table: every benchmark, the peers, the ratios."""
+    rows = [
+        _row("bookie: 1 add in flight", results["bookie"]["sequential"], "1 bookie, no client"),
+        _row("bookie: 1000 adds in flight", results["bookie"]["pipelined"], "1 bookie"),
+    ]
+    for key, label in (("journal_on", "journal on"), ("journal_off", "journal off (BP-46)")):
+        r = results["journal"][key]
+        rows.append(_row(f"bookie, {label}", r, f"{r['disk_bytes_per_entry']:,.0f} disk B/entry"))
+    for n in WRITE_OUTSTANDINGS:
+        r = results[f"writes_c{n}"]
+        note = f"x{r['ratio_vs_etcd']:.2f} etcd rate, x{r['ratio_p99_vs_etcd']:.2f} etcd p99"
+        rows.append(_row(f"writes E3/WQ3/AQ2, {n} outstanding", r, note))
+    r = results["writes_rate"]
+    rows.append(_row(f"writes open loop {r['rate']:g}/s", r, "latency from intended send"))
+    r = results["tail"]
+    rows.append(_row("tail: append -> tail read", r, f"rate {r['rate']:g}/s"))
+    rows.append(_row("reads: 100/call, 1 call", results["reads_batch100"], "latency per call"))
+    rows.append(_row("reads: 1/call, 100 calls", results["reads_c100"], ""))
+    r = results["recovery"]
+    rows.append(_row("recovery: 10 ledgers", r, f"per ledger; {r['entries']} entries read fwd"))
+    r = results["overload"]
+    client, bound = r["client_rss_max_mib"], r["client_rss_bound_mib"]
+    note = f"RSS client {client:.0f} MiB (bound {bound:.0f}), bookie {r['bookie_rss_max_mib']:.0f}"
+    rows.append(_row("overload: 4 writers x 64 KiB", r, note))
+    for n, r in results["etcd"].items():
+        rows.append(_row(f"peer: etcd 3 members, {n} outstanding", r, "aetcd puts"))
+    disk = results["disk"]
+    rows.append({**_row("peer: disk, 1 entry per fdatasync", {}, ""),
+                 "entries/s": disk["disk_fsync_per_s"], "p50_ms": disk["disk_fsync_p50_ms"],
+                 "p99_ms": disk["disk_fsync_p99_ms"]})  # fmt: skip
+    rows.append({**_row("peer: disk, group commit", {}, "512 KiB per fdatasync"),
+                 "entries/s": disk["disk_group_commit_entries_per_s"],
+                 "p50_ms": disk["disk_group_commit_p50_ms"]})  # fmt: skip
+    length = "short (5 s phases)" if short else "30 s phases"
+    print_table(f"benchmarks, 1 KiB entries, fdatasync before every ack, {length}", rows)
+    print(f"total {results['elapsed_s']:.0f} s")
+
+
+def _row(name: str, r: dict[str, Any], note: str) -> dict[str, Any]:
+    if r.get("errors"):
+        note = f"{note}; {r['errors']} ERRORS".lstrip("; ")
+    return {
+        "benchmark": name,
+        "entries/s": r.get("entries_per_s", r.get("adds_per_s")),
+        "MB/s": r.get("mb_per_s"),
+        "p50_ms": r.get("p50_ms"),
+        "p99_ms": r.get("p99_ms"),
+        "p99.9_ms": r.get("p99_9_ms"),
+        "max_ms": r.get("max_ms"),
+        "note": note,
+    }

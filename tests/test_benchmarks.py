@@ -1,0 +1,116 @@
+"""Smoke tests of ``python -m benchmarks``: every mode runs through the CLI with tiny sizes and
+writes the JSON keys its contract names (docs/performance.md). Figures are not checked
+beyond "something was measured": this is a 2-core shared machine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cluster import wait_registered
+from bookkeeper_aio.sandbox import Cluster
+
+pytestmark = pytest.mark.process
+
+REPO = Path(__file__).resolve().parent.parent
+BASE_KEYS = {"entries_per_s", "mb_per_s", "p50_ms", "p99_ms"}
+TINY = ["--duration", "0.5", "--warmup", "0.2", "--entry-size", "256"]
+
+
+def run_benchmark(tmp_path: Path, *argv: str, timeout_s: float = 60.0) -> dict:
+    """Run one mode in a subprocess; its JSON result."""
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "benchmarks", *argv, "--json", str(out)]
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ)
+    )
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    result = json.loads(out.read_text())
+    assert set(result) >= BASE_KEYS, set(result)
+    assert result["entries_per_s"] > 0
+    return result
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """etcd + 3 bookies shared by the modes run with ``--metadata``."""
+    with Cluster(tmp_path_factory.mktemp("bench-cluster"), 3, "memory") as c:
+        asyncio.run(wait_registered(c.uri, 3))  # bookies listen before they register
+        yield c
+
+
+def test_writes_with_peers(tmp_path):
+    result = run_benchmark(
+        tmp_path, "writes", *TINY, "--outstanding", "8", "--engine", "memory",
+        "--peers", "--peer-duration", "0.5", "--dir", str(tmp_path),
+    )  # fmt: skip
+    peer_keys = {"etcd_puts_per_s", "etcd_p99_ms", "disk_group_commit_entries_per_s"}
+    assert peer_keys | {"ratio_vs_etcd", "ratio_vs_disk"} <= set(result)
+    assert result["etcd_puts_per_s"] > 0 and result["errors"] == 0
+
+
+def test_writes_open_loop(tmp_path, cluster):
+    result = run_benchmark(
+        tmp_path, "writes", *TINY, "--rate", "200", "--ledgers", "2", "--no-peers",
+        "--metadata", cluster.uri,
+    )  # fmt: skip
+    assert result["rate"] == 200 and result["errors"] == 0
+    assert "etcd_puts_per_s" not in result
+
+
+def test_reads(tmp_path, cluster):
+    result = run_benchmark(
+        tmp_path, "reads", *TINY, "--entries", "500", "--batch", "10", "--outstanding", "2",
+        "--metadata", cluster.uri,
+    )  # fmt: skip
+    assert result["errors"] == 0
+
+
+def test_tail(tmp_path, cluster):
+    result = run_benchmark(tmp_path, "tail", *TINY, "--rate", "200", "--metadata", cluster.uri)
+    assert result["unseen"] == 0 and "append_p99_ms" in result
+
+
+def test_recovery(tmp_path, cluster):
+    result = run_benchmark(
+        tmp_path, "recovery", "--ledgers", "3", "--entries", "200", "--outstanding", "60",
+        "--entry-size", "256", "--metadata", cluster.uri,
+    )  # fmt: skip
+    assert result["errors"] == 0  # every ledger recovered up to its last acknowledged entry
+
+
+def test_bookie(tmp_path):
+    result = run_benchmark(
+        tmp_path, "bookie", "--duration", "0.5", "--warmup", "0.2", "--sequential", "50",
+        "--baseline-duration", "0.3", "--outstanding", "50", "--engine", "memory",
+        "--entry-size", "256", "--dir", str(tmp_path),
+    )  # fmt: skip
+    assert result["pipelined"]["errors"] == 0
+
+
+def test_journal_on_and_off(tmp_path):
+    result = run_benchmark(
+        tmp_path, "journal", "--duration", "0.5", "--warmup", "0.2", "--outstanding", "50",
+        "--entry-size", "256", "--dir", str(tmp_path),
+    )  # fmt: skip
+    for key in ("journal_on_bytes_per_entry", "journal_off_bytes_per_entry"):
+        assert result[key] > 0
+    assert result["journal_off_entries_per_s"] > 0
+
+
+def test_overload_stays_within_its_memory_bound(tmp_path):
+    out = tmp_path / "overload.json"
+    cmd = [sys.executable, "-m", "benchmarks", "overload", "--duration", "2", "--writers", "2",
+           "--entry-size", "16384", "--pending-bytes", str(4 << 20), "--engine", "memory",
+           "--dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["entries_per_s"] > 0 and result["within_bound"] is True
+    assert result["client_rss_max_mib"] <= result["client_rss_bound_mib"]
