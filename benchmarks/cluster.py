@@ -4,18 +4,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bookkeeper_aio.metadata.store import open_metadata_store
-from bookkeeper_aio.sandbox import BookieProcess, Cluster
-
-REGISTRATION_TIMEOUT_S = 30.0
+from bookkeeper_aio.sandbox import BookieProcess, Cluster, wait_registered
 
 
 @dataclass
@@ -47,20 +43,6 @@ async def local_cluster(
         yield cluster
     finally:
         cluster.stop()
-
-
-async def wait_registered(uri: str, count: int) -> None:
-    """Bookies listen before they register: wait until ``count`` are registered at ``uri``.
-
-    Raises:
-        TimeoutError: fewer than ``count`` after ``REGISTRATION_TIMEOUT_S``.
-    """
-    deadline = time.monotonic() + REGISTRATION_TIMEOUT_S
-    async with open_metadata_store(uri) as store:
-        while len(await store.list_bookies()) < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"fewer than {count} bookies registered at {uri}")
-            await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager

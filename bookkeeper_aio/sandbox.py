@@ -8,6 +8,7 @@ context manager that never leaves a process behind.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -44,6 +45,22 @@ def wait_listening(address: str, proc: subprocess.Popen, log: Path, timeout_s: f
     raise TimeoutError(f"{address} not listening after {timeout_s}s:\n{_tail(log)}")
 
 
+async def wait_registered(uri: str, count: int, timeout_s: float = 30.0) -> None:
+    """Wait until ``count`` bookies are registered at ``uri``.
+
+    Raises:
+        TimeoutError: fewer after ``timeout_s``.
+    """
+    from .metadata.store import open_metadata_store
+
+    deadline = time.monotonic() + timeout_s
+    async with open_metadata_store(uri) as store:
+        while len(await store.list_bookies()) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {count} bookies registered at {uri}")
+            await asyncio.sleep(0.05)
+
+
 def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
 
@@ -77,7 +94,11 @@ class BookieProcess:
             self.proc = subprocess.Popen(
                 self.args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        wait_listening(self.address, self.proc, self.log, timeout_s)
+        try:
+            wait_listening(self.address, self.proc, self.log, timeout_s)
+        except BaseException:
+            self.kill()  # never leave a half-started process behind
+            raise
         return self
 
     @property
@@ -162,6 +183,9 @@ class Cluster:
         asyncio.run(init())
         for bookie in self.bookies:
             bookie.start()
+        # A bookie listens before it registers: a client started right away could find too
+        # few bookies to create a ledger.
+        asyncio.run(wait_registered(self.uri, len(self.bookies)))
         return self
 
     def stop(self) -> None:

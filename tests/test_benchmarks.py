@@ -4,7 +4,6 @@ beyond "something was measured": this is a 2-core shared machine."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -13,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cluster import wait_registered
 from bookkeeper_aio.sandbox import Cluster
 
 pytestmark = pytest.mark.process
@@ -41,7 +39,6 @@ def run_benchmark(tmp_path: Path, *argv: str, timeout_s: float = 60.0) -> dict:
 def cluster(tmp_path_factory):
     """etcd + 3 bookies shared by the modes run with ``--metadata``."""
     with Cluster(tmp_path_factory.mktemp("bench-cluster"), 3, "memory") as c:
-        asyncio.run(wait_registered(c.uri, 3))  # bookies listen before they register
         yield c
 
 
