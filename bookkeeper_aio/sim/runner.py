@@ -94,7 +94,12 @@ def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
     finally:
         virtual_s = loop.time()
         _teardown(loop, world)
-    stats = {"net": dict(world.net.counters), "metadata_revision": world.state.revision}
+    stats = {
+        "net": dict(world.net.counters),
+        "metadata_revision": world.state.revision,
+        "power_losses": run.power_losses,
+        "acked_copies_lost": run.acked_copies_lost,
+    }
     return SimResult(
         seed,
         bugs,

@@ -15,6 +15,12 @@ writers, entries, fault rates and counts). :func:`play` runs it in three phases:
    within ``liveness_s`` of virtual time.
 
 The checkers run every ``check_interval_s`` of virtual time and on every client event.
+
+Seed families: half of the seeds are *storms* (recoverers racing busy writers on a lossy,
+reordering network); most journal-less seeds (BP-46 bookies) are *power storms*
+(:func:`_power_storm`): power cuts that take a bookie's last acknowledged, unsynced entries
+while their ledger is still open, quick restarts, recoverers right after. Both are plain
+random draws of the same agents with other probabilities, not scripts.
 """
 
 from __future__ import annotations
@@ -25,11 +31,15 @@ import random
 from dataclasses import dataclass
 
 from ..errors import BookKeeperError
+from ..quorum import write_set
 from .checkers import History, check_all
 from .world import Faults, World, close_client
 
 QUORUMS = ((3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (4, 2, 2), (5, 3, 2), (2, 2, 2))
 STORM_QUORUMS = ((2, 2, 2), (2, 2, 2), (3, 3, 3), (3, 3, 2))
+# BP-46's own shapes: one lost copy decides an entry (QC = 1) or needs one more negative.
+POWER_STORM_QUORUMS = ((2, 2, 2), (2, 2, 2), (3, 2, 2), (3, 2, 2), (3, 3, 2))
+POWER_STORM_SHARE = 0.8  # of the journal-less seeds (40 %)
 PASSWORD = b"sim"
 
 
@@ -53,6 +63,14 @@ class Scenario:
     storm: bool  # recoverers keep striking at busy writers, who keep starting new ledgers
     journal_write_data: bool  # False: BP-46 bookies; a power loss then loses acknowledged copies
     fault_phase_s: float
+    # Power storms (BP-46, journal-less seeds; see _power_storm); the defaults change nothing.
+    power_storm: bool = False
+    vanish_share: float = 0.25  # a writer's chance to vanish without closing a ledger
+    power_cut_share: float = 0.0  # a vanishing writer's chance to take one of its bookies along
+    busy_cut_share: float = 0.0  # a crash's chance to be a power cut of a busy writer's bookie
+    restart_s: tuple[float, float] = (0.2, 3.0)  # a crashed bookie's downtime
+    recover_on_restart: float = 0.0  # per open ledger of a restarted bookie: recover it
+    power_loss_gap_s: float = 5.0  # journal-less runs: the least time between power losses
     liveness_s: float = 120.0
     check_interval_s: float = 0.1
 
@@ -81,7 +99,7 @@ def draw_scenario(rng: random.Random, faults: Faults) -> Scenario:
     faults.metadata_latency_s_max = rng.choice((0.0, 0.001) if storm else (0.0, 0.002, 0.02))
     faults.metadata_failure_rate = rng.choice((0.0, 0.0, 0.02))
     faults.metadata_lost_reply_rate = rng.choice((0.0, 0.0, 0.01))
-    return Scenario(
+    scenario = Scenario(
         bookies=bookies,
         quorum=quorum,
         writers=rng.randint(1, 3),
@@ -99,6 +117,49 @@ def draw_scenario(rng: random.Random, faults: Faults) -> Scenario:
         journal_write_data=rng.random() < 0.6,
         fault_phase_s=rng.uniform(2.0, 8.0),
     )
+    # Drawn last, and only for journal-less seeds: every other seed plays as before.
+    if not scenario.journal_write_data and rng.random() < POWER_STORM_SHARE:
+        _power_storm(rng, scenario, faults)
+    return scenario
+
+
+def _power_storm(rng: random.Random, sc: Scenario, faults: Faults) -> None:
+    """Turn a journal-less seed into a *power storm* (BP-46's data-loss scenarios).
+
+    Without the journal, what a bookie acknowledged but had not synced is gone after a power
+    cut: typically the last entries of a ledger, above the LAC the other bookies know. That
+    matters while the ledger is open (its writer vanished, paused, or waits for a slower
+    replica) and someone recovers it right after the bookie is back, before the repair: the
+    bookie must answer "unknown" (limbo), not "no such entry". So: writers that vanish often,
+    power cuts that take a vanishing writer down together with one of its bookies (same rack)
+    or hit a bookie that acknowledged adds still in flight elsewhere, quick restarts,
+    recoverers sent to the restarted bookie's open ledgers, slow replicas, and quorums where
+    one lost copy matters (E2/WQ2/AQ2, E3/WQ2/AQ2: QC = 1; E3/WQ3/AQ2: QC = 2).
+    """
+    sc.power_storm, sc.storm = True, False  # writers start new ledgers, but few recoverers
+    sc.recoveries = rng.randint(1, 4)
+    sc.entries_max = rng.randint(3, 20)  # short ledgers: more of them end while faults last
+    net = faults.net
+    net.loss_rate = rng.choice((0.0, 0.001, 0.01))
+    net.reorder_rate = rng.choice((0.0, 0.1, 0.3))
+    net.reorder_delay_s = rng.choice((0.02, 0.05))
+    sc.blips_per_s = rng.choice((0.0, 5.0))
+    # A slow replica keeps adds in flight while a fast one already acknowledged them: the
+    # fast one's power cut then loses an entry whose other copy is still on its way.
+    sc.slowdowns = rng.randint(1, 3)
+    sc.crashes = rng.randint(2, 5)
+    sc.quorum = rng.choice([q for q in POWER_STORM_QUORUMS if q[0] < sc.bookies])
+    # Power losses are the targeted cuts; the other crashes are kill -9 (they keep the page
+    # cache). A bookie syncs its engine at least every 3 s (SimBookie.config), so 3.5 s after
+    # a power loss the other copies of whatever it lost are durable: one lost copy at a time.
+    sc.power_loss_share = 0.0
+    sc.power_loss_gap_s = 3.5
+    sc.vanish_share = 0.5
+    sc.power_cut_share = 1.0
+    sc.busy_cut_share = 0.3
+    sc.fault_phase_s = rng.uniform(3.0, 8.0)
+    sc.restart_s = (0.05, rng.choice((0.3, 1.0)))
+    sc.recover_on_restart = rng.choice((0.75, 1.0))
 
 
 class Run:
@@ -117,6 +178,9 @@ class Run:
         self.last_power_loss_s = -1e9
         self.client_names: list[str] = []
         self.writers: dict[int, object] = {}  # ledger id -> its LedgerWriter (god's view)
+        self.healing = False  # the fault phase is over
+        self.power_losses = 0
+        self.acked_copies_lost = 0  # acknowledged copies that power losses took away
 
     def spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
         self.tasks.append(asyncio.create_task(coro, name=name))
@@ -139,6 +203,7 @@ class Run:
         await asyncio.sleep(sc.fault_phase_s)
         await faults
         self.history.note("heal: faults stop, every bookie restarts")
+        self.healing = True
         world.calm()
         await self._restart_all()
         with contextlib.suppress(TimeoutError):
@@ -158,7 +223,8 @@ class Run:
 
     async def _writer(self, index: int) -> None:
         loop = asyncio.get_running_loop()
-        for k in range(self.sc.ledgers_per_writer + 8 * self.sc.storm):
+        busy = self.sc.storm or self.sc.power_storm
+        for k in range(self.sc.ledgers_per_writer + 8 * busy):
             if k >= self.sc.ledgers_per_writer and loop.time() > self.sc.fault_phase_s:
                 break  # a storm's writers start new ledgers until the faults stop
             bk = self._client(f"writer-{index}-{k}")
@@ -197,11 +263,14 @@ class Run:
                 await asyncio.sleep(rng.expovariate(1 / pause_s))
         for future in outstanding:
             await future
-        if rng.random() < 0.75:
+        if rng.random() < 1 - self.sc.vanish_share:
             await writer.close()
             h.writer_closed(lid, writer.last_add_confirmed)
         else:
             h.note(f"{name} vanishes without closing ledger {lid}")
+            if self.sc.power_cut_share and rng.random() < self.sc.power_cut_share:
+                # The same power cut takes one of its bookies down (same rack).
+                self._power_cut(writer.statistics()["ensemble"])
 
     def _on_ack(self, lid: int, n: int, future: asyncio.Future[int]) -> None:
         if future.cancelled() or future.exception() is not None:
@@ -299,7 +368,9 @@ class Run:
         rng.shuffle(actions)
         for action in actions:
             await asyncio.sleep(rng.uniform(0.05, sc.fault_phase_s / (len(actions) + 1)))
-            if action == "crash":
+            if action == "crash" and sc.busy_cut_share and rng.random() < sc.busy_cut_share:
+                await self._power_cut_busy()
+            elif action == "crash":
                 self._crash_one()
             elif action == "partition":
                 a = rng.choice(world.bookies).name
@@ -313,7 +384,9 @@ class Run:
                 self._slow_link()
             else:
                 node = rng.choice(world.bookies)
-                world.net.slow_s[node.name] = rng.choice((0.05, 0.3, 1.5))
+                # (A power storm's slow replicas stay reachable: below the client timeouts.)
+                slow = (0.1, 0.2, 0.3) if sc.power_storm else (0.05, 0.3, 1.5)
+                world.net.slow_s[node.name] = rng.choice(slow)
                 self.history.note(f"{node.name} slows down by {world.net.slow_s[node.name]} s")
 
     def _slow_link(self) -> None:
@@ -329,33 +402,97 @@ class Run:
         loop.call_later(self.rng.uniform(0.2, 2.0), self.world.net.slow_link_s.pop, link, None)
         self.history.note(f"link {link[0]} -> {link[1]} slows down by {delay} s")
 
-    def _crash_one(self) -> None:
+    def _may_crash(self) -> bool:
         up = [b for b in self.world.bookies if b.up]
         if len(up) <= self.sc.quorum[0]:
-            return
-        if not self.sc.journal_write_data and (
-            len(up) < len(self.world.bookies) or any(b.in_limbo() for b in up)
-        ):
-            # BP-46 bookies: every unclean restart puts open ledgers in limbo until repaired;
-            # crashing a second ensemble member before that can leave no bookie able to
-            # answer for the ledger (BookKeeper too would need an operator then).
-            return
-        node = self.rng.choice(up)
-        power = self.rng.random() < self.sc.power_loss_share
+            return False
+        # BP-46 bookies: every unclean restart puts open ledgers in limbo until repaired;
+        # crashing a second ensemble member before that can leave no bookie able to answer
+        # for the ledger (BookKeeper too would need an operator then).
+        return self.sc.journal_write_data or (
+            len(up) == len(self.world.bookies) and not any(b.in_limbo() for b in up)
+        )
+
+    def _may_lose_power(self) -> bool:
+        if self.sc.journal_write_data:
+            return True
+        # Replication covers one lost copy at a time: no second power loss before the last
+        # one's bookie is back and the other copies of what it lost are synced (else data is
+        # really gone).
         now = asyncio.get_running_loop().time()
-        if power and not self.sc.journal_write_data:
-            # Replication covers one lost copy at a time: no second power loss before the
-            # last one's bookie is back and had time to repair (else data is really gone).
-            power = len(up) == len(self.world.bookies) and now - self.last_power_loss_s > 5.0
-        if power:
-            self.last_power_loss_s = now
+        up = [b for b in self.world.bookies if b.up]
+        gap = self.sc.power_loss_gap_s
+        return len(up) == len(self.world.bookies) and now - self.last_power_loss_s > gap
+
+    def _crash_one(self) -> None:
+        if not self._may_crash():
+            return
+        node = self.rng.choice([b for b in self.world.bookies if b.up])
+        power = self.rng.random() < self.sc.power_loss_share and self._may_lose_power()
+        self._crash(node, power=power)
+
+    def _power_cut(self, ensemble: list[str]) -> None:
+        """A power cut hits one of these bookies (if one may lose power now): it loses what
+        it acknowledged last and had not synced (BP-46)."""
+        nodes = [n for a in ensemble if (n := self.world.bookie_at(a)) is not None and n.up]
+        if nodes and not self.healing and self._may_crash() and self._may_lose_power():
+            self._crash(self.rng.choice(nodes), power=True)
+
+    async def _power_cut_busy(self) -> None:
+        """A power cut hits a bookie while a writer has adds in flight to it (bounded wait):
+        the bookie may lose an entry it acknowledged whose other copies are still on their
+        way, or a writer that paused keeps the ledger open for a recoverer."""
+        for _ in range(250):
+            busy = [w for w in self.writers.values() if w.statistics()["pending_adds"]]
+            if busy:
+                writer = self.rng.choice(busy)
+                ensemble = writer.statistics()["ensemble"]
+                # Prefer a bookie that already acknowledged a pending add (god's view): its
+                # copy is the one that counts until the others arrive.
+                ackers = {ensemble[i] for op in writer._pending for i in op.ack_set.acked}
+                self._power_cut(sorted(ackers) or ensemble)
+                return
+            await asyncio.sleep(0.004)
+
+    def _crash(self, node, *, power: bool) -> None:  # type: ignore[no-untyped-def]
+        held = self._acked_copies(node) if power else set()
         node.crash(power_loss=power)
+        if power:
+            self.last_power_loss_s = asyncio.get_running_loop().time()
+            self.power_losses += 1
+            self.acked_copies_lost += len(held - self._acked_copies(node))
         self.history.note(f"{node.name} crashes ({'power loss' if power else 'kill -9'})")
         self.spawn(self._restart_later(node), f"restart-{node.name}")
 
+    def _acked_copies(self, node) -> set[tuple[int, int]]:  # type: ignore[no-untyped-def]
+        """(ledger, entry) of the acknowledged entries ``node`` holds (statistics only)."""
+        held = set()
+        for lid, h in self.history.ledgers.items():
+            versioned = self.world.ledger(lid)
+            if versioned is None:
+                continue
+            md = versioned.value
+            for entry_id in h.acked:
+                ensemble = md.ensemble_at(entry_id)
+                members = write_set(entry_id, md.ensemble_size, md.write_quorum)
+                if node.address in (ensemble[i] for i in members) and node.stored(lid, entry_id):
+                    held.add((lid, entry_id))
+        return held
+
     async def _restart_later(self, node) -> None:  # type: ignore[no-untyped-def]
-        await asyncio.sleep(self.rng.uniform(0.2, 3.0))
+        await asyncio.sleep(self.rng.uniform(*self.sc.restart_s))
         await self._start(node)
+        if not self.sc.recover_on_restart or self.healing:
+            return
+        # Someone notices the bookie flapped and recovers its open ledgers (an auditor, a
+        # reader taking over): right when it may answer for what it lost.
+        for lid in self.ledger_ids:
+            md = self.world.ledger(lid)
+            if md is None or md.value.is_closed or node.address not in md.value.last_ensemble()[1]:
+                continue
+            if self.rng.random() < self.sc.recover_on_restart:
+                name = f"recoverer-{node.name}-{node.incarnation}"
+                self.spawn(self._recover_and_read(name, lid), name)
 
     async def _start(self, node) -> None:  # type: ignore[no-untyped-def]
         while not node.up:
