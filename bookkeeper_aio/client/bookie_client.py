@@ -214,10 +214,12 @@ class BookieClient(asyncio.Protocol):
     def request_shared(
         self, frame: SharedFrame, callback: Callable[[Any], None], timeout_s: float | None = None
     ) -> None:
-        """:meth:`request_callback` for a request packed once for several bookies."""
+        """:meth:`request_callback` for a request packed once for several bookies, written
+        at once: its caller (the writer's end-of-turn flush) already batched it."""
         head, tail = frame.pieces(self._encoder.packer, self._next_id)
         self._register(callback, timeout_s, len(head) + len(tail))
         self._out += (head, tail)
+        self._flush()  # saves a loop iteration per add when one add is outstanding
 
     def _register(
         self, callback: Callable[[Any], None], timeout_s: float | None, size: int
