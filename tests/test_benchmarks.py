@@ -103,7 +103,7 @@ def test_journal_on_and_off(tmp_path):
 
 def test_overload_stays_within_its_memory_bound(tmp_path):
     out = tmp_path / "overload.json"
-    cmd = [sys.executable, "-m", "benchmarks", "overload", "--duration", "2", "--writers", "2",
+    cmd = [sys.executable, "-m", "benchmarks", "overload", "--duration", "2", "--writers", "4",
            "--entry-size", "16384", "--pending-bytes", str(4 << 20), "--engine", "memory",
            "--dir", str(tmp_path), "--json", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=90)

@@ -89,6 +89,7 @@ class BookieClient(asyncio.Protocol):
         # fifth of the client's CPU per add).
         self._pending: dict[int, tuple[Callable[[Any], None], float, int]] = {}
         self.backlog_bytes = 0  # bytes of the requests sent and not yet answered
+        self.on_drain: Callable[[], None] | None = None  # called when backlog_bytes fell
         self._next_id = 1
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -162,6 +163,8 @@ class BookieClient(asyncio.Protocol):
                 _deliver(entry[0], msg)
         if not self._capacity.is_set() and len(pending) < self.config.bookie_requests_in_flight_max:
             self._capacity.set()
+        if self.on_drain is not None:
+            self.on_drain()
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"connection to bookie {self.address} lost" + (f": {exc}" if exc else "")
@@ -281,6 +284,8 @@ class BookieClient(asyncio.Protocol):
             _deliver(deliver, OperationTimeoutError(f"bookie {self.address} did not answer"))
         if expired and len(self._pending) < self.config.bookie_requests_in_flight_max:
             self._capacity.set()
+        if expired and self.on_drain is not None:
+            self.on_drain()
         if self._closed is None:
             self._schedule_sweep()
 
@@ -296,6 +301,8 @@ class BookieClient(asyncio.Protocol):
             _deliver(deliver, exc)
         self._capacity.set()
         self._writable.set()
+        if self.on_drain is not None:
+            self.on_drain()
 
     def abort(self, exc: BaseException) -> None:
         """Close at once, failing pending requests with ``exc``."""
@@ -389,6 +396,19 @@ class BookiePool:
         self._backoff: dict[str, tuple[float, float]] = {}  # address -> (retry_at, delay)
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()  # connect-then-send, owned until done
+        self._room_waiters: set[asyncio.Event] = set()
+
+    def add_room_waiter(self, event: asyncio.Event) -> None:
+        """Set ``event`` whenever a connection's backlog falls (until discarded): a writer
+        waiting on another writer's backlog gets no answer of its own to wake it."""
+        self._room_waiters.add(event)
+
+    def discard_room_waiter(self, event: asyncio.Event) -> None:
+        self._room_waiters.discard(event)
+
+    def _wake_room_waiters(self) -> None:
+        for event in self._room_waiters:
+            event.set()
 
     def backlog_bytes(self, address: str) -> int:
         """Bytes sent to ``address`` and not yet answered (0 without a connection)."""
@@ -437,6 +457,7 @@ class BookiePool:
             await client.close()
             raise ClientClosedError("bookie pool closed")
         self._backoff.pop(address, None)
+        client.on_drain = self._wake_room_waiters
         self._clients[address] = client
         return client
 

@@ -154,10 +154,18 @@ class LedgerWriter:
         Raises:
             LedgerClosedError / LedgerFencedError / ...: the handle is closed or failed.
         """
-        while not self._has_room(size):
+        if self._has_room(size):
             self._check_open()
-            self._room.clear()
-            await self._room.wait()
+            return
+        pool = self.ctx.pool
+        pool.add_room_waiter(self._room)
+        try:
+            while not self._has_room(size):
+                self._check_open()
+                self._room.clear()
+                await self._room.wait()
+        finally:
+            pool.discard_room_waiter(self._room)
         self._check_open()
 
     def _has_room(self, size: int) -> bool:
