@@ -122,6 +122,7 @@ async def test_wiped_journal_less_bookie_fences_limbos_and_repairs(tmp_path, aut
 
             await eventually(repaired)
             await eventually(lambda: _logged(victim, f"ledger {open_.ledger_id} repaired"))
+            await eventually(lambda: _logged(victim, "0 in limbo"))  # a whole pass logged
 
         async with open_metadata_store(cluster.uri) as store:
             cookie = json.loads((await store.get_cookie(victim.address)).value)

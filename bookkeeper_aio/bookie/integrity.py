@@ -167,6 +167,11 @@ class DataIntegrity:
         async for md in self._my_ledgers():
             if not any(lid == md.ledger_id for lid, _ in self.handler.limbo_ledgers()):
                 await self._copy_missing(md)
+        stats = self.statistics()
+        log.info("bookie %s: integrity pass %d: %d entries checked, %d copied, %d in limbo "
+                 "(%d waits for a key so far)", self.bookie_id, stats.get("passes", 0),
+                 stats.get("entries_checked", 0), stats.get("entries_copied", 0),
+                 stats["limbo_ledgers"], stats.get("limbo_waiting_for_key", 0))  # fmt: skip
 
     async def _leave_limbo(self, ledger_id: int, key: bytes) -> None:
         done = asyncio.get_running_loop().create_future()
