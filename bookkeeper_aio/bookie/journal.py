@@ -290,7 +290,7 @@ class Journal:
         self._fd, self._seq, self._pos, self._allocated = fd, seq, len(header), len(header)
         self._preallocate()
         os.fsync(fd)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self._stats["files_created"] += 1
 
     def _roll_over(self) -> None:
@@ -320,7 +320,7 @@ class Journal:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.directory / CHECKPOINT_FILE)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         for old_seq, path in list_files(self.directory):
             if old_seq < seq:
                 path.unlink(missing_ok=True)
@@ -337,7 +337,8 @@ class Journal:
         return stats
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a dir's entries (created, renamed, deleted files) durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -27,7 +27,7 @@ from ..metadata.store import MetadataStore
 from .cookie import CookieCheck, check_cookies, restamp_cookies
 from .disk import DiskUsage, disk_usage
 from .handler import JournalSink
-from .journal import Journal
+from .journal import Journal, fsync_dir
 from .records import replay_into
 
 DIRTY_FILE = "DIRTY"  # present while the bookie runs: left behind by a crash (BP-46)
@@ -126,18 +126,10 @@ def _mark_dirs(dirs: tuple[str, ...], running: bool) -> None:
         if running:
             with open(path, "wb") as f:
                 os.fsync(f.fileno())
-            _fsync_dir(Path(d))
+            fsync_dir(Path(d))
         else:
             path.unlink(missing_ok=True)
-            _fsync_dir(Path(d))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            fsync_dir(Path(d))
 
 
 def _make_dirs(dirs: tuple[str, ...]) -> None:

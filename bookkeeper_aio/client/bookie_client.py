@@ -209,37 +209,41 @@ class BookieClient(asyncio.Protocol):
 
         Raises: as :meth:`request`, before sending anything.
         """
-        rid = self._next_id
-        frame = self._encoder.encode(msg_type(rid, *fields))
+        self._check_room()
+        frame = self._encoder.encode(msg_type(self._next_id, *fields))
         self._register(callback, timeout_s, len(frame))
         self._out.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
 
     def request_shared(
         self, frame: SharedFrame, callback: Callable[[Any], None], timeout_s: float | None = None
     ) -> None:
         """:meth:`request_callback` for a request packed once for several bookies, written
         at once: its caller (the writer's end-of-turn flush) already batched it."""
+        self._check_room()
         head, tail = frame.pieces(self._encoder.packer, self._next_id)
         self._register(callback, timeout_s, len(head) + len(tail))
         self._out += (head, tail)
         self._flush()  # saves a loop iteration per add when one add is outstanding
 
-    def _register(
-        self, callback: Callable[[Any], None], timeout_s: float | None, size: int
-    ) -> None:
+    def _check_room(self) -> None:
         if self._closed is not None:
             raise self._closed
         if len(self._pending) >= self.config.bookie_requests_in_flight_max:
             self._capacity.clear()
             raise TooManyRequestsError(f"{len(self._pending)} requests pending on {self.address}")
+
+    def _register(
+        self, callback: Callable[[Any], None], timeout_s: float | None, size: int
+    ) -> None:
+        """Track the request just encoded with ``self._next_id`` as its id."""
         rid = self._next_id
         self._next_id += 1
         deadline = self._loop.time() + (timeout_s or self.config.request_timeout_s)
         self._pending[rid] = (callback, deadline, size)
         self.backlog_bytes += size
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
         self.stats["requests"] += 1
 
     async def wait_capacity(self) -> None:

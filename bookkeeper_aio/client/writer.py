@@ -272,7 +272,9 @@ class LedgerWriter:
         adds); return what was packed."""
         self._queued_bytes.pop(index, None)
         if index in self._changing or self._failed is not None:
-            return previous  # re-sent to the replacement once the ensemble change is committed
+            # Changing: re-sent to the replacement once the change is committed. Failed:
+            # every pending add has failed already.
+            return previous
         if previous is not None and previous[0] == ops:
             frame = previous[1]
         elif len(ops) == 1:
@@ -287,7 +289,6 @@ class LedgerWriter:
         return ops, frame
 
     def _on_batch(self, ops: list[_PendingAdd], index: int, bookie: str, result: Any) -> None:
-        self._room.set()  # the bookie's backlog shrank: waiters re-check
         if type(result) is AddBatchResponse and len(result.statuses) == len(ops):
             for op, status in zip(ops, result.statuses, strict=True):
                 self._on_add(op, index, bookie, status)
