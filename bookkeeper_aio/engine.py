@@ -68,6 +68,10 @@ class Engine(Protocol):
     def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
         """Store (or overwrite) one entry's record."""
 
+    def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+        """Store (entry id, record) pairs of one ledger, in order: ``put_entry`` for each,
+        with the per-call work done once (the bookie's batched adds)."""
+
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The record of an entry, or None if absent."""
 

@@ -100,8 +100,9 @@ class AckSet:
         """
         if index in self.write_set:
             self._acked.add(index)
-            self._failed.discard(index)
-        return self.completed
+            if self._failed:
+                self._failed.discard(index)
+        return len(self._acked) >= self.ack_quorum
 
     add = add_ack  # the name the writer used first
 

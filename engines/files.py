@@ -181,6 +181,10 @@ class FilesEngine:
                 ledger = self._ledgers[ledger_id] = _Ledger()
             ledger.set(entry_id, loc, len(record))
 
+    def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+        for entry_id, record in entries:
+            self.put_entry(ledger_id, entry_id, record)
+
     def put_ledger(self, ledger_id: int, info: LedgerInfo) -> None:
         data = info.to_bytes()
         head = HEAD.pack(MAGIC, LEDGER_INFO, len(data), ledger_id, 0)

@@ -61,6 +61,10 @@ class MemoryEngine:
         with self._lock:
             self._pending.append(("entry", ledger_id, entry_id, bytes(record)))
 
+    def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+        for entry_id, record in entries:
+            self.put_entry(ledger_id, entry_id, record)
+
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self._entries.get(ledger_id, {}).get(entry_id)
 

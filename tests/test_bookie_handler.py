@@ -8,7 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from bookkeeper_aio.bookie.handler import RequestHandler, to_ranges
-from bookkeeper_aio.bookie.journal import REC_ENTRY, REC_FENCE, REC_MASTER_KEY
+from bookkeeper_aio.bookie.journal import REC_ENTRIES, REC_ENTRY, REC_FENCE, REC_MASTER_KEY
+from bookkeeper_aio.bookie.records import replay_into
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.digest import LacProof, entry_digest, lac_digest, master_key
 from bookkeeper_aio.errors import StatusCode
@@ -104,11 +105,19 @@ def batch(h: Harness, entries, *, flags=0, key=KEY, sync=True):
 def test_a_batch_is_answered_once_after_its_last_entry_is_durable():
     h = Harness()
     assert batch(h, [(0, b"a"), (1, b"b"), (2, b"c")], sync=False) is None
-    assert [r for r, _, _ in h.journal.pending] == [REC_MASTER_KEY] + [REC_ENTRY] * 3
+    # One journal record for the whole batch.
+    assert [r for r, _, _ in h.journal.pending] == [REC_MASTER_KEY, REC_ENTRIES]
     h.journal.sync()
     (reply,) = h.replies
     assert (reply.status, reply.statuses) == (StatusCode.OK, [StatusCode.OK] * 3)
     assert [h.read(e).payload for e in range(3)] == [b"a", b"b", b"c"]
+    # A replay of that record alone stores the same records the handler did.
+    replayed = MemoryEngine()
+    assert replay_into(replayed, h.journal.durable) == 2
+    assert [replayed.get_entry(L, e) for e in range(4)] == [
+        *(h.engine.get_entry(L, e) for e in range(3)),
+        None,
+    ]
 
 
 def test_a_batch_answers_each_entry_and_stores_only_the_good_ones():

@@ -28,7 +28,8 @@ from engines.files import FilesEngine, LogCorruptError
 from engines.memory import MemoryDisk, MemoryEngine
 from engines.rocksdb import RocksDBEngine
 
-ENGINES = ["memory", "files", "rocksdb"]
+# rocksdb-nowal: RocksDB without its WAL, as a bookie whose journal holds the data opens it.
+ENGINES = ["memory", "files", "rocksdb", "rocksdb-nowal"]
 ON_DISK = ["files", "rocksdb"]
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -45,8 +46,8 @@ def open_kind(kind: str, path: str, disk: MemoryDisk | None = None) -> Engine:
             write_buffer_bytes_max=64 << 10,
             snapshot_interval_bytes=256 << 10,
         )
-    assert kind == "rocksdb"
-    return RocksDBEngine(path, write_batch_bytes_max=64 << 10)
+    assert kind in ("rocksdb", "rocksdb-nowal")
+    return RocksDBEngine(path, write_batch_bytes_max=64 << 10, wal=kind == "rocksdb")
 
 
 @dataclass
@@ -122,6 +123,31 @@ def test_overwrite_returns_the_newest(store: Store) -> None:
     assert e.get_entry(7, 0) == b"second, longer"
     e = store.reopen(e)
     assert e.get_entry(7, 0) == b"second, longer"
+
+
+def test_put_entries_is_put_entry_for_each(store: Store) -> None:
+    e = store.open()
+    e.put_entry(3, 1, b"single")
+    e.put_entries(3, [(0, b"a"), (1, b"b"), (5, data(3, 5, 70000)), (2, b"")])
+    e.put_entries(3, [])
+    assert [e.get_entry(3, i) for i in range(6)] == [b"a", b"b", b"", None, None, data(3, 5, 70000)]
+    assert (e.last_entry_id(3), e.list_entries(3, 0, 10), e.ledgers()) == (5, [0, 1, 2, 5], [3])
+    e = store.reopen(e)
+    assert [e.get_entry(3, i) for i in (0, 1, 5)] == [b"a", b"b", data(3, 5, 70000)]
+    assert e.last_entry_id(3) == 5
+
+
+def test_rocksdb_refuses_a_dir_with_the_old_info_keys(tmp_path: Path) -> None:
+    from rocksdict import Options, Rdict
+
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    db = Rdict(str(tmp_path), opts)
+    db[b"l" + bytes(8)] = LedgerInfo(master_key=b"k").to_bytes()
+    db.close()
+    del db
+    with pytest.raises(OSError, match="old b'l' keys"):
+        RocksDBEngine(str(tmp_path))
 
 
 def test_last_entry_id(store: Store) -> None:

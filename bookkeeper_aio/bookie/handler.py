@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..config import BookieConfig
@@ -63,7 +63,7 @@ from ..protocol import (
 )
 from .journal import REC_ENTRY, REC_EXPLICIT_LAC, REC_FENCE, REC_LIMBO, REC_MASTER_KEY
 from .ledger_state import LedgerState, LedgerView, pack_proof
-from .records import entry_body, ledger_body, limbo_body
+from .records import entries_record, entry_body, ledger_body, limbo_body
 
 log = logging.getLogger(__name__)
 
@@ -213,76 +213,100 @@ class RequestHandler:
 
     def _add(self, req: AddRequest, reply: Reply) -> None:
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
-        status, record = self._store(lid, req.flags, req.master_key, eid, req.lac, req.payload,
-                                     req.digest)  # fmt: skip
-        if record is None:
-            reply(AddResponse(rid, status, lid, eid))
+        entry = (eid, req.lac, req.payload, req.digest)
+        statuses, journaled = self._store(lid, req.flags, req.master_key, (entry,))
+        if not journaled:
+            reply(AddResponse(rid, statuses[0], lid, eid))
             return
 
         def durable(exc: BaseException | None) -> None:
             reply(AddResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid, eid))
 
-        self.journal.append(REC_ENTRY, entry_body(lid, eid, record), durable)
+        self.journal.append(*entries_record(lid, journaled), durable)
 
     def _add_batch(self, req: AddBatchRequest, reply: Reply) -> None:
-        """Each entry as :meth:`_add` would; one answer once the last journaled one is durable
-        (the journal completes in order, and fails everything after a failure)."""
-        rid, lid, flags, key = req.request_id, req.ledger_id, req.flags, req.master_key
-        statuses: list[StatusCode] = []
-        journaled: list[tuple[int, int, bytes]] = []
-        for eid, lac, payload, digest in req.entries:
-            status, record = self._store(lid, flags, key, eid, lac, payload, digest)
-            if record is not None:
-                journaled.append((len(statuses), eid, record))
-            statuses.append(status)
+        """Each entry as :meth:`_add` would; one journal record for the stored ones and one
+        answer once it is durable."""
+        rid, lid = req.request_id, req.ledger_id
+        statuses, journaled = self._store(lid, req.flags, req.master_key, req.entries)
         if not journaled:
             reply(AddBatchResponse(rid, _first_failure(statuses), lid, statuses))
             return
 
         def durable(exc: BaseException | None) -> None:
-            if exc is not None:
-                for i, _, _ in journaled:
-                    statuses[i] = StatusCode.IO_ERROR
-            reply(AddBatchResponse(rid, _first_failure(statuses), lid, statuses))
+            final = statuses
+            if exc is not None:  # the journaled entries are exactly the OK ones
+                final = [StatusCode.IO_ERROR if s is OK else s for s in statuses]
+            reply(AddBatchResponse(rid, _first_failure(final), lid, final))
 
-        last = len(journaled) - 1
-        for k, (_, eid, record) in enumerate(journaled):
-            self.journal.append(REC_ENTRY, entry_body(lid, eid, record),
-                                durable if k == last else _ignore)  # fmt: skip
+        self.journal.append(*entries_record(lid, journaled), durable)
 
     def _store(
-        self, lid: int, flags: int, key: bytes, eid: int, lac: int, payload: bytes, digest: int
-    ) -> tuple[StatusCode, bytes | None]:
-        """Check one entry and put it in the engine. Returns its status and, when it still
-        has to be journaled before the answer, its record (None otherwise)."""
+        self, lid: int, flags: int, key: bytes, entries: Sequence[Sequence[Any]]
+    ) -> tuple[list[StatusCode], list[tuple[int, bytes]]]:
+        """Check ``[entry_id, lac, payload, digest]`` entries of one ledger and put those that
+        pass into the engine. Returns each entry's status and the (entry id, record) pairs
+        that still have to be journaled before the answer (none without data journaling).
+
+        Per-entry checks come first (ids, the writer's LAC below its entry, read-only, the
+        digest), then the ledger's (its key, the fence): a batch whose every digest is wrong
+        creates no ledger. A batch is checked as a whole before anything is stored, which is
+        what checking its entries one by one would give: nothing between them can change
+        the ledger's state.
+        """
         recovery = flags & ADD_FLAG_RECOVERY
-        if lid < 0 or eid < 0 or len(key) != MASTER_KEY_BYTES or (lac >= eid and not recovery):
-            return self._refused(StatusCode.BAD_REQUEST)  # a writer's LAC is below its entry
-        if self.read_only and not recovery:
-            return self._refused(StatusCode.READ_ONLY)
-        pdigest = payload_digest(payload)
-        if header_digest(lid, eid, lac, pdigest) != digest:
-            return self._refused(StatusCode.BAD_DIGEST)
+        if lid < 0 or len(key) != MASTER_KEY_BYTES:
+            return self._refused([StatusCode.BAD_REQUEST] * len(entries)), []
+        refuse_all = StatusCode.READ_ONLY if self.read_only and not recovery else None
+        statuses: list[StatusCode] = []
+        checked: list[tuple[int, int, int, int, bytes]] = []  # eid, lac, pdigest, digest, data
+        for eid, lac, payload, digest in entries:
+            if eid < 0 or (lac >= eid and not recovery):  # a writer's LAC is below its entry
+                statuses.append(StatusCode.BAD_REQUEST)
+            elif refuse_all is not None:
+                statuses.append(refuse_all)
+            else:
+                pdigest = payload_digest(payload)
+                if header_digest(lid, eid, lac, pdigest) != digest:
+                    statuses.append(StatusCode.BAD_DIGEST)
+                else:
+                    statuses.append(OK)
+                    checked.append((eid, lac, pdigest, digest, payload))
+        if not checked:
+            return self._refused(statuses), []
         state = self.ledger(lid)
+        refusal = None
         if state is None:
             state = self._new_ledger(lid, key, LedgerView.ACTIVE)
             self.journal.append(REC_MASTER_KEY, ledger_body(lid, key), _ignore)
         elif not self._key_ok(state, key):
-            return self._refused(StatusCode.UNAUTHORIZED)
-        if state.fenced and not recovery:
-            return self._refused(StatusCode.FENCED)
-        record = pack_entry_record(lac, pdigest, digest, payload)
-        self.engine.put_entry(lid, eid, record)
-        self.counters["adds"] += 1
-        if state.offer_lac(LacProof(eid, lac, pdigest, digest)):
+            refusal = StatusCode.UNAUTHORIZED
+        elif state.fenced and not recovery:
+            refusal = StatusCode.FENCED
+        if refusal is not None:
+            return self._refused([refusal if s is OK else s for s in statuses]), []
+        if len(checked) < len(statuses):
+            self._refused(statuses)
+        stored: list[tuple[int, bytes]] = []
+        best = checked[0]
+        for entry in checked:
+            eid, lac, pdigest, digest, payload = entry
+            stored.append((eid, pack_entry_record(lac, pdigest, digest, payload)))
+            if lac > best[1]:
+                best = entry
+        self.engine.put_entries(lid, stored)
+        self.counters["adds"] += len(stored)
+        if state.offer_lac(LacProof(best[0], best[1], best[2], best[3])):
             state.wake_waiters()
         # BP-46 without the journal: the replicas and the limbo protocol make up for a crash
         # that loses what the engine had not synced.
-        return OK, record if self.config.journal_write_data else None
+        return statuses, stored if self.config.journal_write_data else []
 
-    def _refused(self, status: StatusCode) -> tuple[StatusCode, None]:
-        self.counters[f"add_{status.name.lower()}"] += 1
-        return status, None
+    def _refused(self, statuses: list[StatusCode]) -> list[StatusCode]:
+        for status in statuses:
+            if status is not OK:
+                self.counters[f"add_{status.name.lower()}"] += 1
+        return statuses
 
     # --- fence ----------------------------------------------------------------------------
 

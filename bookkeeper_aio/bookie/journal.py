@@ -40,6 +40,7 @@ from ..config import BookieConfig
 from ..errors import JournalFailedError
 from .journal_format import (
     FILE_HEADER,
+    REC_ENTRIES,
     REC_ENTRY,
     REC_EXPLICIT_LAC,
     REC_FENCE,
@@ -55,6 +56,7 @@ from .journal_format import (
 )
 
 __all__ = [
+    "REC_ENTRIES",
     "REC_ENTRY",
     "REC_EXPLICIT_LAC",
     "REC_FENCE",

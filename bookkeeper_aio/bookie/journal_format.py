@@ -36,6 +36,7 @@ REC_MASTER_KEY = 2
 REC_FENCE = 3
 REC_EXPLICIT_LAC = 4
 REC_LIMBO = 5
+REC_ENTRIES = 6
 
 
 class JournalRecord(NamedTuple):

@@ -6,6 +6,8 @@ The journal (``journal.py``) stores typed opaque records; this module gives them
 Every change a client is told is durable goes through the journal first:
 
 * ``REC_ENTRY``        ledger id, entry id, then the stored entry record (LAC, digests, payload)
+* ``REC_ENTRIES``      ledger id, then per entry: entry id, record length (u32), the record —
+                       the entries of one batched add, one record (one header, one checksum)
 * ``REC_MASTER_KEY``   ledger id, master key — written once, on a ledger's first add
 * ``REC_FENCE``        ledger id, master key — the fence must survive a crash before its reply
 * ``REC_EXPLICIT_LAC`` ledger id, packed LAC proof
@@ -23,6 +25,7 @@ from collections.abc import Iterable
 
 from ..engine import Engine, LedgerInfo
 from .journal import (
+    REC_ENTRIES,
     REC_ENTRY,
     REC_EXPLICIT_LAC,
     REC_FENCE,
@@ -34,11 +37,44 @@ from .ledger_state import unpack_proof
 
 ENTRY_KEY = struct.Struct(">qq")
 LEDGER_KEY = struct.Struct(">q")
+BATCHED_ENTRY = struct.Struct(">qI")  # entry id, record length
 
 
 def entry_body(ledger_id: int, entry_id: int, record: bytes) -> bytes:
     """The journal body of a stored entry."""
     return ENTRY_KEY.pack(ledger_id, entry_id) + record
+
+
+def entries_record(ledger_id: int, entries: list[tuple[int, bytes]]) -> tuple[int, bytes]:
+    """The journal record (type, body) of stored entries of one ledger: ``REC_ENTRY`` for one,
+    ``REC_ENTRIES`` for several."""
+    if len(entries) == 1:
+        return REC_ENTRY, entry_body(ledger_id, *entries[0])
+    pack = BATCHED_ENTRY.pack
+    parts = [LEDGER_KEY.pack(ledger_id)]
+    for entry_id, record in entries:
+        parts += (pack(entry_id, len(record)), record)
+    return REC_ENTRIES, b"".join(parts)
+
+
+def unpack_entries(body: bytes) -> list[tuple[int, int, bytes]]:
+    """(ledger id, entry id, record) of each entry of a ``REC_ENTRIES`` body.
+
+    Raises:
+        ValueError: the body is truncated (it passed the journal's checksum: a bug, not a crash).
+    """
+    (ledger_id,) = LEDGER_KEY.unpack_from(body)
+    view, pos, found = memoryview(body), LEDGER_KEY.size, []
+    while pos < len(body):
+        if pos + BATCHED_ENTRY.size > len(body):
+            raise ValueError("truncated REC_ENTRIES journal record")
+        entry_id, size = BATCHED_ENTRY.unpack_from(body, pos)
+        pos += BATCHED_ENTRY.size
+        if pos + size > len(body):
+            raise ValueError("truncated REC_ENTRIES journal record")
+        found.append((ledger_id, entry_id, bytes(view[pos : pos + size])))
+        pos += size
+    return found
 
 
 def ledger_body(ledger_id: int, data: bytes) -> bytes:
@@ -62,6 +98,9 @@ def replay_into(engine: Engine, records: Iterable[JournalRecord]) -> int:
         if rtype == REC_ENTRY:
             ledger_id, entry_id = ENTRY_KEY.unpack_from(body)
             engine.put_entry(ledger_id, entry_id, bytes(body[ENTRY_KEY.size :]))
+        elif rtype == REC_ENTRIES:
+            for ledger_id, entry_id, record in unpack_entries(body):
+                engine.put_entry(ledger_id, entry_id, record)
         else:
             (ledger_id,) = LEDGER_KEY.unpack_from(body)
             _apply_ledger_record(engine, rtype, ledger_id, bytes(body[LEDGER_KEY.size :]))

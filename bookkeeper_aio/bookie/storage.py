@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -100,7 +101,9 @@ class DiskStorage:
         await asyncio.to_thread(_make_dirs, (cfg.journal_dir, *cfg.ledger_dirs))
         engine = self._engine
         if engine is None:
-            engine = await asyncio.to_thread(open_engine, cfg.engine, cfg.ledger_dirs)
+            engine = await asyncio.to_thread(
+                partial(open_engine, cfg.engine, cfg.ledger_dirs, journaled=cfg.journal_write_data)
+            )
         journal = Journal(cfg.journal_dir, cfg, on_pressure=on_pressure, on_failure=on_failure)
         replayed = await asyncio.to_thread(replay_into, engine, journal.replay())
         await journal.start()

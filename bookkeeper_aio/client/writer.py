@@ -62,10 +62,13 @@ OVERLOAD_RETRY_S = 0.01  # a bookie or connection at its in-flight bound: wait, 
 class _PendingAdd:
     __slots__ = ("ack_set", "digest", "entry_id", "future", "lac", "payload")
 
-    def __init__(self, entry_id: int, lac: int, payload: bytes, digest: int, ack_set: AckSet):
+    def __init__(
+        self, entry_id: int, lac: int, payload: bytes, digest: int, ack_set: AckSet,
+        future: asyncio.Future[int],
+    ) -> None:  # fmt: skip
         self.entry_id, self.lac, self.payload, self.digest = entry_id, lac, payload, digest
         self.ack_set = ack_set
-        self.future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.future = future
 
 
 _Packed = tuple[list[_PendingAdd], SharedFrame] | None
@@ -82,6 +85,11 @@ class LedgerWriter:
         self._key = master_key
         self._ensemble = list(md.last_ensemble()[1])
         self._e, self._wq, self._aq = md.ensemble_size, md.write_quorum, md.ack_quorum
+        # There are exactly E write sets: entry e uses number e % E.
+        self._write_sets = [write_set(i, self._e, self._wq) for i in range(self._e)]
+        self._loop = asyncio.get_running_loop()
+        self._batch_entries_max = ctx.config.add_batch_entries_max
+        self._batch_bytes_max = ctx.config.add_batch_bytes_max
         self.last_add_confirmed = -1
         self.last_add_pushed = -1
         self.length = 0
@@ -101,7 +109,7 @@ class LedgerWriter:
         self._ensemble_changes = 0
         self._lac_sent = -1  # highest LAC that reached the bookies (piggybacked or explicit)
         self._idle = True
-        self._lac_task = asyncio.get_running_loop().create_task(self._explicit_lac_loop())
+        self._lac_task = self._loop.create_task(self._explicit_lac_loop())
 
     # --- public API -----------------------------------------------------------------------
 
@@ -128,8 +136,8 @@ class LedgerWriter:
         self.last_add_pushed = entry_id
         lac = self.last_add_confirmed
         digest = entry_digest(self.ledger_id, entry_id, lac, payload)
-        ack_set = AckSet(write_set(entry_id, self._e, self._wq), self._aq)
-        op = _PendingAdd(entry_id, lac, payload, digest, ack_set)
+        ack_set = AckSet(self._write_sets[entry_id % self._e], self._aq)
+        op = _PendingAdd(entry_id, lac, payload, digest, ack_set, self._loop.create_future())
         self._pending.append(op)
         self._pending_bytes += len(payload)
         for index in ack_set.write_set:
@@ -250,12 +258,11 @@ class LedgerWriter:
             self._queued[index] = [op]
             self._queued_bytes[index] = len(op.payload)
             if self._flush_handle is None:
-                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+                self._flush_handle = self._loop.call_soon(self._flush)
             return
         queued.append(op)
         size = self._queued_bytes[index] = self._queued_bytes[index] + len(op.payload)
-        cfg = self.ctx.config
-        if len(queued) >= cfg.add_batch_entries_max or size >= cfg.add_batch_bytes_max:
+        if len(queued) >= self._batch_entries_max or size >= self._batch_bytes_max:
             self._flush()  # every index, so that identical batches are still packed once
 
     def _flush(self) -> None:
@@ -289,7 +296,19 @@ class LedgerWriter:
         return ops, frame
 
     def _on_batch(self, ops: list[_PendingAdd], index: int, bookie: str, result: Any) -> None:
-        if type(result) is AddBatchResponse and len(result.statuses) == len(ops):
+        if (
+            type(result) is AddBatchResponse
+            and result.status == StatusCode.OK
+            and len(result.statuses) == len(ops)
+            and self._ensemble[index] == bookie
+        ):  # the common case, inlined: what _on_add does for each OK, completing once
+            acked = False
+            for op in ops:
+                if not op.future.done() and op.ack_set.add(index):
+                    acked = True
+            if acked:
+                self._complete_in_order()
+        elif type(result) is AddBatchResponse and len(result.statuses) == len(ops):
             for op, status in zip(ops, result.statuses, strict=True):
                 self._on_add(op, index, bookie, status)
         elif type(result) is AddResponse:

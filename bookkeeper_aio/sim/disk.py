@@ -127,6 +127,10 @@ class FaultyEngine:
         self._maybe_fail("put_entry")
         self.inner.put_entry(ledger_id, entry_id, record)
 
+    def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+        for entry_id, record in entries:  # one fault draw per entry, as separate puts made
+            self.put_entry(ledger_id, entry_id, record)
+
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         self._maybe_fail("get_entry")
         return self.inner.get_entry(ledger_id, entry_id)
