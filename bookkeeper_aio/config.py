@@ -146,6 +146,9 @@ class BookieConfig(_Config):
     journal_queue_bytes_max: int = 64 * MiB  # records waiting for the disk; past it, stop reading
     journal_file_bytes_max: int = 256 * MiB  # roll over to a new file past this
     journal_preallocate_bytes: int = 16 * MiB  # zero-filled ahead so fdatasync skips metadata
+    # Journal files a checkpoint retires but keeps for reuse: overwriting blocks a file already
+    # has skips the zero-fill, half of a journal's writes to the disk. 0: delete them.
+    journal_recycle_files: int = 2
 
     # Checkpoint: sync the engine, then drop journal files it covers.
     checkpoint_interval_s: float = 10.0
@@ -188,6 +191,8 @@ class BookieConfig(_Config):
                 "need 0 < disk_usage_lwm_threshold <= disk_usage_threshold <= 1, got "
                 f"{self.disk_usage_lwm_threshold} and {self.disk_usage_threshold}"
             )
+        if self.journal_recycle_files < 0:
+            raise ConfigError("journal_recycle_files must be >= 0")
         if self.journal_batch_wait_ms < 0:
             raise ConfigError("journal_batch_wait_ms must be >= 0")
         if self.journal_batch_bytes_max > self.journal_queue_bytes_max:

@@ -81,17 +81,20 @@ class AckSet:
     (all WQ acked) before the add is ``releasable`` from the writer's queue.
     """
 
+    # Bit i of _acked / _failed stands for ensemble index i: one add keeps no sets (a writer
+    # holds thousands of these, and every set is one more object for the garbage collector).
     __slots__ = ("_acked", "_failed", "ack_quorum", "guaranteed_write_quorum", "write_set")
 
     def __init__(
         self, write_set: tuple[int, ...], ack_quorum: int, *, guaranteed_write_quorum: bool = False
     ) -> None:
-        assert 1 <= ack_quorum <= len(write_set) == len(set(write_set)), (write_set, ack_quorum)
+        # Distinct members: write_set() makes them so (no set built per add to check it here).
+        assert 1 <= ack_quorum <= len(write_set), (write_set, ack_quorum)
         self.write_set = write_set
         self.ack_quorum = ack_quorum
         self.guaranteed_write_quorum = guaranteed_write_quorum
-        self._acked: set[int] = set()
-        self._failed: set[int] = set()
+        self._acked = 0
+        self._failed = 0
 
     def add_ack(self, index: int) -> bool:
         """Record an ack from ensemble index ``index``; return ``completed``.
@@ -99,10 +102,9 @@ class AckSet:
         Acks from outside the write set are ignored; a repeated ack counts once.
         """
         if index in self.write_set:
-            self._acked.add(index)
-            if self._failed:
-                self._failed.discard(index)
-        return len(self._acked) >= self.ack_quorum
+            self._acked |= 1 << index
+            self._failed &= ~(1 << index)
+        return self._acked.bit_count() >= self.ack_quorum
 
     add = add_ack  # the name the writer used first
 
@@ -114,10 +116,10 @@ class AckSet:
         any failure, since the add must reach every member.
         """
         if index in self.write_set:
-            self._acked.discard(index)
-            self._failed.add(index)
+            self._acked &= ~(1 << index)
+            self._failed |= 1 << index
         slack = 0 if self.guaranteed_write_quorum else len(self.write_set) - self.ack_quorum
-        return len(self._failed) > slack
+        return self._failed.bit_count() > slack
 
     def remove(self, index: int) -> bool:
         """Forget ``index``: its bookie was replaced by an ensemble change; return ``completed``.
@@ -126,19 +128,19 @@ class AckSet:
         longer counts (BookKeeper's ``removeBookieAndCheck``). An add may thus fall back from
         completed to not completed if it had not been acknowledged to the client yet.
         """
-        self._acked.discard(index)
-        self._failed.discard(index)
+        self._acked &= ~(1 << index)
+        self._failed &= ~(1 << index)
         return self.completed
 
     @property
     def completed(self) -> bool:
         """AQ distinct members acknowledged: the add counts as written."""
-        return len(self._acked) >= self.ack_quorum
+        return self._acked.bit_count() >= self.ack_quorum
 
     @property
     def fully_replicated(self) -> bool:
         """Every member of the write set acknowledged."""
-        return len(self._acked) == len(self.write_set)
+        return self._acked.bit_count() == len(self.write_set)
 
     @property
     def releasable(self) -> bool:
@@ -153,19 +155,24 @@ class AckSet:
         the committed entry on fewer than AQ bookies of the ensemble metadata names.
         """
         if self.guaranteed_write_quorum and self.completed and not self.fully_replicated:
-            return frozenset(self._acked)
+            return self.acked
         return frozenset()
 
     @property
     def acked(self) -> frozenset[int]:
-        return frozenset(self._acked)
+        return _members(self._acked)
 
     @property
     def failed(self) -> frozenset[int]:
-        return frozenset(self._failed)
+        return _members(self._failed)
 
     def __repr__(self) -> str:
-        return f"AckSet(ws={self.write_set}, aq={self.ack_quorum}, acked={sorted(self._acked)})"
+        return f"AckSet(ws={self.write_set}, aq={self.ack_quorum}, acked={sorted(self.acked)})"
+
+
+def _members(mask: int) -> frozenset[int]:
+    """The indexes whose bits are set in ``mask``."""
+    return frozenset(i for i in range(mask.bit_length()) if mask >> i & 1)
 
 
 # --- coverage -------------------------------------------------------------------------------

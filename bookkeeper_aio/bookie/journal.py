@@ -12,7 +12,10 @@ the next batch, so the batch size adapts to the load (group commit); ``journal_b
 Files are preallocated with real zeros ``journal_preallocate_bytes`` ahead of the write position
 (so an fdatasync does not also have to persist a new file size) and roll over past
 ``journal_file_bytes_max``. Every start opens a new file: a file with a torn tail is never
-appended to.
+appended to. A checkpoint keeps up to ``journal_recycle_files`` of the files it retires
+(``recycled-<seq>.log``) and the next new file reuses one: its blocks exist already, so no
+zero-fill (which doubles the bytes written) until the write position passes its old end. The
+old records it still holds fail the checksum of the new file's sequence number.
 
 A checkpoint marks the current write position, syncs the storage engine (every record before
 the mark was applied to the engine before it was appended), atomically records the mark in the
@@ -32,6 +35,7 @@ import collections
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,6 +56,8 @@ from .journal_format import (
     file_header,
     file_name,
     list_files,
+    list_recycled,
+    recycled_name,
     scan,
 )
 
@@ -101,6 +107,7 @@ class Journal:
         self._pos = 0  # write position in the current file
         self._allocated = 0  # bytes of the current file known to be zero-filled
         self._checkpoint_lock = asyncio.Lock()
+        self._recycle_lock = threading.Lock()  # the writer's thread takes, a checkpoint's gives
         self._stats = collections.Counter[str]()
 
     # --- replay ---------------------------------------------------------------------------
@@ -123,8 +130,8 @@ class Journal:
                 raise JournalFailedError(f"cannot replay journal file {path}: {exc}") from exc
             if not result.clean_end:
                 log.warning(
-                    "journal file %s: replay stops at offset %d of %d (torn write)",
-                    path.name, result.end_offset, len(data),
+                    "journal file %s: replay stops at offset %d of %d (a torn write, or the "
+                    "old records of a recycled file)", path.name, result.end_offset, len(data),
                 )  # fmt: skip
             self._stats["replayed_records"] += len(result.records)
             yield from result.records
@@ -286,14 +293,28 @@ class Journal:
 
     def _open_file(self, seq: int) -> None:
         path = self.directory / file_name(seq)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
         header = file_header(seq)
-        os.pwrite(fd, header, 0)
-        self._fd, self._seq, self._pos, self._allocated = fd, seq, len(header), len(header)
-        self._preallocate()
+        with self._recycle_lock:
+            recycled = list_recycled(self.directory)[:1]
+        if recycled:
+            # The new header is durable before the file takes its journal name: a crash in
+            # between leaves a recycled file, never a journal file with a stale header.
+            fd = os.open(recycled[0], os.O_RDWR)
+            os.pwrite(fd, header, 0)
+            os.fdatasync(fd)
+            os.rename(recycled[0], path)
+            allocated = max(os.fstat(fd).st_size, len(header))
+            self._stats["files_reused"] += 1
+        else:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+            os.pwrite(fd, header, 0)
+            allocated = len(header)
+            self._stats["files_created"] += 1
+        self._fd, self._seq, self._pos, self._allocated = fd, seq, len(header), allocated
+        if self._allocated - self._pos < self.config.journal_preallocate_bytes:
+            self._preallocate()
         os.fsync(fd)
         fsync_dir(self.directory)
-        self._stats["files_created"] += 1
 
     def _roll_over(self) -> None:
         os.close(self._fd)
@@ -323,10 +344,21 @@ class Journal:
             os.fsync(f.fileno())
         os.replace(tmp, self.directory / CHECKPOINT_FILE)
         fsync_dir(self.directory)
+        # Replay skips files before the mark whatever their name, so a crash around these
+        # renames and deletes loses nothing.
+        kept_max = self.config.journal_recycle_files
         for old_seq, path in list_files(self.directory):
             if old_seq < seq:
-                path.unlink(missing_ok=True)
-                self._stats["files_deleted"] += 1
+                with self._recycle_lock:
+                    keep = len(list_recycled(self.directory)) < kept_max
+                    if keep:
+                        os.rename(path, self.directory / recycled_name(old_seq))
+                if keep:
+                    self._stats["files_recycled"] += 1
+                else:
+                    path.unlink(missing_ok=True)
+                    self._stats["files_deleted"] += 1
+        fsync_dir(self.directory)
 
     def statistics(self) -> dict[str, int | float]:
         """Batches, records, bytes, fsyncs, files, queue depth, mean batch size."""

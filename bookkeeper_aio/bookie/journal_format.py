@@ -9,9 +9,11 @@ sequence number) followed by records::
 
 ``length`` counts type + body. ``checksum`` is XXH3_64 of type + body, seeded with the file's
 sequence number, so a record copied from another file (or left over from a recycled one) never
-validates. Files are preallocated with zeros, so a zero length means "end of data". A scan stops
-at the first record that is zero, runs past the end of the file, or fails its checksum: after a
-crash the tail of the last file may be torn, and a torn record was never acknowledged.
+validates. New files are preallocated with zeros, so a zero length means "end of data"; a
+recycled file (``recycled-<old seq>.log``, renamed to its new name once its new header is
+durable) still holds its old records, which fail the checksum. A scan stops at the first record
+that is zero, runs past the end of the file, or fails its checksum: after a crash the tail of
+the last file may be torn, and a torn record was never acknowledged.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ FORMAT_VERSION = 1
 FILE_HEADER = struct.Struct(">8sIQ")  # magic, version, seq
 RECORD_HEADER = struct.Struct(">IQ")  # length of type+body, checksum
 _NAME = re.compile(r"^journal-([0-9a-f]{16})\.log$")
+_RECYCLED_NAME = re.compile(r"^recycled-([0-9a-f]{16})\.log$")
 
 # Record types (the body's meaning is the bookie's business: bookie/records.py).
 REC_ENTRY = 1
@@ -49,6 +52,16 @@ class JournalRecord(NamedTuple):
 def file_name(seq: int) -> str:
     """The name of journal file number ``seq``."""
     return f"journal-{seq:016x}.log"
+
+
+def recycled_name(seq: int) -> str:
+    """The name a retired journal file ``seq`` waits under until it is reused."""
+    return f"recycled-{seq:016x}.log"
+
+
+def list_recycled(directory: Path) -> list[Path]:
+    """Retired journal files waiting for reuse (never replayed)."""
+    return sorted(p for p in directory.iterdir() if _RECYCLED_NAME.match(p.name))
 
 
 def list_files(directory: Path) -> list[tuple[int, Path]]:

@@ -59,15 +59,18 @@ log = logging.getLogger(__name__)
 OVERLOAD_RETRY_S = 0.01  # a bookie or connection at its in-flight bound: wait, resend
 
 
-class _PendingAdd:
-    __slots__ = ("ack_set", "digest", "entry_id", "future", "lac", "payload")
+class _PendingAdd(AckSet):
+    """An add in flight: its acknowledgements (an AckSet itself, not holding one: a writer
+    keeps thousands of these, and each object is one more for the garbage collector)."""
+
+    __slots__ = ("digest", "entry_id", "future", "lac", "payload")
 
     def __init__(
-        self, entry_id: int, lac: int, payload: bytes, digest: int, ack_set: AckSet,
-        future: asyncio.Future[int],
+        self, entry_id: int, lac: int, payload: bytes, digest: int, write_set: tuple[int, ...],
+        ack_quorum: int, future: asyncio.Future[int],
     ) -> None:  # fmt: skip
+        super().__init__(write_set, ack_quorum)
         self.entry_id, self.lac, self.payload, self.digest = entry_id, lac, payload, digest
-        self.ack_set = ack_set
         self.future = future
 
 
@@ -136,11 +139,11 @@ class LedgerWriter:
         self.last_add_pushed = entry_id
         lac = self.last_add_confirmed
         digest = entry_digest(self.ledger_id, entry_id, lac, payload)
-        ack_set = AckSet(self._write_sets[entry_id % self._e], self._aq)
-        op = _PendingAdd(entry_id, lac, payload, digest, ack_set, self._loop.create_future())
+        op = _PendingAdd(entry_id, lac, payload, digest, self._write_sets[entry_id % self._e],
+                         self._aq, self._loop.create_future())  # fmt: skip
         self._pending.append(op)
         self._pending_bytes += len(payload)
-        for index in ack_set.write_set:
+        for index in op.write_set:
             self._send(op, index)
         self._idle = False
         self._lac_sent = max(self._lac_sent, lac)
@@ -304,7 +307,7 @@ class LedgerWriter:
         ):  # the common case, inlined: what _on_add does for each OK, completing once
             acked = False
             for op in ops:
-                if not op.future.done() and op.ack_set.add(index):
+                if not op.future.done() and op.add_ack(index):
                     acked = True
             if acked:
                 self._complete_in_order()
@@ -322,7 +325,7 @@ class LedgerWriter:
         if self._ensemble[index] != bookie:
             return  # an answer from a bookie that was replaced
         if type(result) is int and result == StatusCode.OK:
-            if not op.future.done() and op.ack_set.add(index):
+            if not op.future.done() and op.add_ack(index):
                 self._complete_in_order()
             return
         if op.future.done() and (self._closed or self._failed is not None):
@@ -355,7 +358,7 @@ class LedgerWriter:
             # segment (starting at LAC + 1) assigns to its replacement.
             return
         pending = self._pending
-        while pending and pending[0].ack_set.completed:
+        while pending and pending[0].completed:
             op = pending.popleft()
             assert op.entry_id == self.last_add_confirmed + 1  # ordered completion
             self.last_add_confirmed = op.entry_id
@@ -432,9 +435,9 @@ class LedgerWriter:
 
     def _resend(self, replaced: dict[int, str]) -> None:
         for op in list(self._pending):
-            for index in op.ack_set.write_set:
+            for index in op.write_set:
                 if index in replaced:
-                    op.ack_set.remove(index)
+                    op.remove(index)
                     self._send(op, index)
 
     # --- explicit LAC ---------------------------------------------------------------------
