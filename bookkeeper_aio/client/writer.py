@@ -104,7 +104,10 @@ class LedgerWriter:
         self._closed = False
         self._failed_bookies: dict[int, str] = {}  # index -> bookie awaiting replacement
         self._changing: set[int] = set()
-        # Adds for each ensemble index in this loop turn: sent as one frame per bookie.
+        # Adds of this loop turn, sent as one frame per bookie at its end: new adds (each to
+        # its whole write set), and retries / re-sends to one ensemble index.
+        self._fresh: list[_PendingAdd] = []
+        self._fresh_bytes = 0
         self._queued: dict[int, list[_PendingAdd]] = {}
         self._queued_bytes: dict[int, int] = {}
         self._flush_handle: asyncio.Handle | None = None
@@ -143,8 +146,7 @@ class LedgerWriter:
                          self._aq, self._loop.create_future())  # fmt: skip
         self._pending.append(op)
         self._pending_bytes += len(payload)
-        for index in op.write_set:
-            self._send(op, index)
+        self._queue_fresh(op)
         self._idle = False
         self._lac_sent = max(self._lac_sent, lac)
         return op.future
@@ -189,10 +191,10 @@ class LedgerWriter:
             return False
         # A slow bookie beyond the ack quorum holds up no completion, yet its unanswered
         # frames pile up: wait for it too (BookKeeper's waitForWriteSet), or memory grows.
-        backlog, queued = self.ctx.pool.backlog_bytes, self._queued_bytes
+        backlog, queued, fresh = self.ctx.pool.backlog_bytes, self._queued_bytes, self._fresh_bytes
         limit = cfg.bookie_backlog_bytes_max - size
         for index, bookie in enumerate(self._ensemble):
-            used = backlog(bookie) + queued.get(index, 0)
+            used = backlog(bookie) + queued.get(index, 0) + fresh
             if used and used > limit:
                 return False
         return True
@@ -251,11 +253,25 @@ class LedgerWriter:
         if self._closed:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
 
+    def _queue_fresh(self, op: _PendingAdd) -> None:
+        """Queue a new add for its whole write set: sent at the end of this loop turn with
+        the others (or now, when a batch is full). One list for every bookie, not one per
+        bookie: with E == WQ the flush sends that very list, packed once, to each."""
+        fresh = self._fresh
+        fresh.append(op)
+        self._fresh_bytes += len(op.payload)
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+        elif len(fresh) >= self._batch_entries_max or self._fresh_bytes >= self._batch_bytes_max:
+            self._flush()  # the bounds hold for each bookie's share, whatever the striping
+
     def _send(self, op: _PendingAdd, index: int) -> None:
-        """Queue an add for the bookie at ``index``; sent at the end of this loop turn,
-        together with the others queued for it (or now, when the batch is full)."""
+        """Queue an add for the bookie at ``index`` only (a retry, a re-send after an
+        ensemble change); sent at the end of this loop turn, like new adds."""
         if index in self._changing:
             return  # re-sent to the replacement once the ensemble change is committed
+        if index in op.write_set and op in self._fresh:
+            return  # a new add not flushed yet: the flush sends it to its whole write set
         queued = self._queued.get(index)
         if queued is None:
             self._queued[index] = [op]
@@ -272,20 +288,29 @@ class LedgerWriter:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        fresh, self._fresh, self._fresh_bytes = self._fresh, [], 0
+        extra, self._queued, self._queued_bytes = self._queued, {}, {}
+        everyone = self._e == self._wq
         frame = None
-        for index in list(self._queued):
-            # With E == WQ every bookie gets the same adds: the frame is packed once.
-            frame = self._send_batch(index, self._queued.pop(index), frame)
+        # The first add's write set in its order (as BookKeeper sends an entry), then the rest.
+        order = self._write_sets[fresh[0].entry_id % self._e] if fresh else ()
+        for index in (*order, *(i for i in range(self._e) if i not in order)):
+            ops = fresh if everyone else [op for op in fresh if index in op.write_set]
+            more = extra.get(index)
+            if more:
+                ops = more + ops
+            if ops:
+                # With E == WQ every bookie gets the same adds: the frame is packed once.
+                frame = self._send_batch(index, ops, frame)
 
     def _send_batch(self, index: int, ops: list[_PendingAdd], previous: _Packed) -> _Packed:
         """Send ``ops`` to the bookie at ``index`` (reusing ``previous`` if it packed the same
         adds); return what was packed."""
-        self._queued_bytes.pop(index, None)
         if index in self._changing or self._failed is not None:
             # Changing: re-sent to the replacement once the change is committed. Failed:
             # every pending add has failed already.
             return previous
-        if previous is not None and previous[0] == ops:
+        if previous is not None and (previous[0] is ops or previous[0] == ops):
             frame = previous[1]
         elif len(ops) == 1:
             op = ops[0]

@@ -449,7 +449,7 @@ class Run:
                 ensemble = writer.statistics()["ensemble"]
                 # Prefer a bookie that already acknowledged a pending add (god's view): its
                 # copy is the one that counts until the others arrive.
-                ackers = {ensemble[i] for op in writer._pending for i in op.ack_set.acked}
+                ackers = {ensemble[i] for op in writer._pending for i in op.acked}
                 self._power_cut(sorted(ackers) or ensemble)
                 return
             await asyncio.sleep(0.004)
