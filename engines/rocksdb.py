@@ -78,13 +78,18 @@ class RocksDBEngine:
     """
 
     def __init__(
-        self, directory: str, *, write_batch_bytes_max: int = 1 << 20, wal: bool = True
+        self,
+        directory: str,
+        *,
+        write_batch_bytes_max: int = 1 << 20,
+        wal: bool = True,
+        memtable_bytes: int = 8 << 20,
     ) -> None:
         self.directory = os.path.abspath(directory)
         self._batch_bytes_max = write_batch_bytes_max
         self._wal = wal
         os.makedirs(self.directory, exist_ok=True)
-        self._db: Rdict | None = _open_db(self.directory)
+        self._db: Rdict | None = _open_db(self.directory, memtable_bytes)
         self._write_opt = WriteOptions()
         self._write_opt.sync = False  # the fsync is flush_wal(True) in sync(), once per group
         self._write_opt.disable_wal = not wal  # a property in rocksdict 0.3.29, not a method
@@ -281,9 +286,15 @@ class RocksDBEngine:
             del db
 
 
-def _open_db(directory: str) -> Rdict:
+def _open_db(directory: str, memtable_bytes: int) -> Rdict:
     opts = Options(raw_mode=True)  # bytes keys in bytewise order; no pickling
     opts.create_if_missing(True)
+    # Small memtables (RocksDB's default is 64 MiB): each flush writes and fsyncs its SST while
+    # the journal fdatasyncs on the same disk, and a 64 MiB flush stalled journal syncs for
+    # 20-50 ms (open-loop p99 ~110 ms at 30k adds/s; with 8 MiB ~40-50 ms, throughput the same).
+    # Four of them, so a slow flush never stops writes: a stall would block the event loop.
+    opts.set_write_buffer_size(memtable_bytes)
+    opts.set_max_write_buffer_number(4)
     opts.set_wal_recovery_mode(DBRecoveryMode.point_in_time())  # the default; we rely on it
     try:
         return Rdict(directory, opts)
