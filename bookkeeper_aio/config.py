@@ -234,6 +234,9 @@ class ClientConfig(_Config):
     bookie_backlog_bytes_max: int = 32 * MiB  # unanswered bytes to one bookie: writers wait
     add_batch_entries_max: int = 256  # adds to one bookie in one loop turn go in one frame
     add_batch_bytes_max: int = 1 * MiB  # payload bytes per batch frame (< frame_bytes_max)
+    # Add requests one writer leaves unanswered per bookie; later adds wait for an answer and
+    # then go together (batches grow with the load instead of one per loop turn).
+    add_batches_in_flight_max: int = 4
     explicit_lac_interval_s: float = 0.5  # idle writer sends its LAC so tailers see the end
     ensemble_changes_max: int = 1_000  # per writer, then the handle fails
     metadata_retries_max: int = 20  # compare-and-swap attempts per metadata change

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 
 import pytest
@@ -81,6 +82,26 @@ async def test_adds_of_one_loop_turn_go_to_each_bookie_in_one_frame(shared_clust
         reader = await bk.open_ledger(w.ledger_id, password=b"pw")
         got = await reader.read(1, 200)
         assert [e.payload for e in got] == [b"%d" % i for i in range(200)]
+
+
+async def test_adds_wait_for_an_answer_when_batches_are_in_flight(shared_cluster):
+    config = dataclasses.replace(CONFIG, add_batches_in_flight_max=1, add_batch_entries_max=10)
+    async with BookKeeper.connect(shared_cluster.uri, config) as bk:
+        w = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await w.append(b"first")  # connections are open now
+        async with asyncio.timeout(5):  # and the third bookie answered it too
+            while bk.ctx.pool.statistics()["in_flight"]:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        before = bk.ctx.pool.statistics()["requests"]
+        futures = [w.append_nowait(b"0")]
+        await asyncio.sleep(0)  # sent: one request in flight to each bookie
+        futures += [w.append_nowait(b"%d" % i) for i in range(1, 36)]  # held meanwhile
+        assert await asyncio.gather(*futures) == list(range(1, 37))
+        # Per bookie: the first add alone, then the 35 held ones in batches of at most 10.
+        assert bk.ctx.pool.statistics()["requests"] - before == 3 * (1 + 4)
+        reader = await bk.open_ledger(w.ledger_id, password=b"pw")
+        got = await reader.read(1, 36)
+        assert [e.payload for e in got] == [b"%d" % i for i in range(36)]
 
 
 async def test_pending_payload_bytes_are_bounded(shared_cluster):

@@ -57,6 +57,7 @@ from .context import ClientContext
 
 log = logging.getLogger(__name__)
 OVERLOAD_RETRY_S = 0.01  # a bookie or connection at its in-flight bound: wait, resend
+FRAMING_BYTES_PER_ADD = 33  # [entry id, lac, payload, digest] packed, beyond the payload: at most
 
 
 class _PendingAdd(AckSet):
@@ -93,6 +94,8 @@ class LedgerWriter:
         self._loop = asyncio.get_running_loop()
         self._batch_entries_max = ctx.config.add_batch_entries_max
         self._batch_bytes_max = ctx.config.add_batch_bytes_max
+        self._batches_in_flight_max = ctx.config.add_batches_in_flight_max
+        self._batches_in_flight: dict[str, int] = {}  # bookie -> our unanswered add requests
         self.last_add_confirmed = -1
         self.last_add_pushed = -1
         self.length = 0
@@ -105,7 +108,8 @@ class LedgerWriter:
         self._failed_bookies: dict[int, str] = {}  # index -> bookie awaiting replacement
         self._changing: set[int] = set()
         # Adds of this loop turn, sent as one frame per bookie at its end: new adds (each to
-        # its whole write set), and retries / re-sends to one ensemble index.
+        # its whole write set), and for one ensemble index: retries, re-sends, and adds held
+        # while add_batches_in_flight_max requests to its bookie are unanswered.
         self._fresh: list[_PendingAdd] = []
         self._fresh_bytes = 0
         self._queued: dict[int, list[_PendingAdd]] = {}
@@ -191,10 +195,14 @@ class LedgerWriter:
             return False
         # A slow bookie beyond the ack quorum holds up no completion, yet its unanswered
         # frames pile up: wait for it too (BookKeeper's waitForWriteSet), or memory grows.
-        backlog, queued, fresh = self.ctx.pool.backlog_bytes, self._queued_bytes, self._fresh_bytes
+        # Adds not sent yet count with their framing, as the backlog will once they are sent.
+        backlog, queued, held = self.ctx.pool.backlog_bytes, self._queued_bytes, self._queued
+        fresh = self._fresh_bytes + FRAMING_BYTES_PER_ADD * len(self._fresh)
         limit = cfg.bookie_backlog_bytes_max - size
         for index, bookie in enumerate(self._ensemble):
-            used = backlog(bookie) + queued.get(index, 0) + fresh
+            used = backlog(bookie) + fresh
+            if index in queued:
+                used += queued[index] + FRAMING_BYTES_PER_ADD * len(held[index])
             if used and used > limit:
                 return False
         return True
@@ -288,8 +296,9 @@ class LedgerWriter:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
-        fresh, self._fresh, self._fresh_bytes = self._fresh, [], 0
-        extra, self._queued, self._queued_bytes = self._queued, {}, {}
+        fresh, fresh_bytes, self._fresh, self._fresh_bytes = self._fresh, self._fresh_bytes, [], 0
+        extra, extra_bytes = self._queued, self._queued_bytes
+        self._queued, self._queued_bytes = {}, {}
         everyone = self._e == self._wq
         frame = None
         # The first add's write set in its order (as BookKeeper sends an entry), then the rest.
@@ -298,10 +307,38 @@ class LedgerWriter:
             ops = fresh if everyone else [op for op in fresh if index in op.write_set]
             more = extra.get(index)
             if more:
-                ops = more + ops
-            if ops:
-                # With E == WQ every bookie gets the same adds: the frame is packed once.
-                frame = self._send_batch(index, ops, frame)
+                more.extend(ops)  # older first
+                ops = more
+            if not ops:
+                continue
+            bookie = self._ensemble[index]
+            if self._batches_in_flight.get(bookie, 0) >= self._batches_in_flight_max:
+                # Held until the bookie answers one (_on_batch flushes again): under load a
+                # batch then carries what arrived during a round trip, not one loop turn.
+                # A copy of the shared list: other bookies' requests hold it, unchanged.
+                self._queued[index] = ops if more else list(ops)
+                self._queued_bytes[index] = extra_bytes.get(index, 0) + (
+                    fresh_bytes if everyone else sum(len(op.payload) for op in ops)
+                )
+                continue
+            # With E == WQ every bookie gets the same adds: the frame is packed once.
+            for chunk in self._chunks(ops) if more else (ops,):
+                frame = self._send_batch(index, chunk, frame)
+
+    def _chunks(self, ops: list[_PendingAdd]) -> list[list[_PendingAdd]]:
+        """``ops`` cut into batches within add_batch_entries_max and add_batch_bytes_max."""
+        chunks: list[list[_PendingAdd]] = [[]]
+        size = 0
+        for op in ops:
+            if chunks[-1] and (
+                len(chunks[-1]) >= self._batch_entries_max
+                or size + len(op.payload) > self._batch_bytes_max
+            ):
+                chunks.append([])
+                size = 0
+            chunks[-1].append(op)
+            size += len(op.payload)
+        return chunks
 
     def _send_batch(self, index: int, ops: list[_PendingAdd], previous: _Packed) -> _Packed:
         """Send ``ops`` to the bookie at ``index`` (reusing ``previous`` if it packed the same
@@ -320,10 +357,17 @@ class LedgerWriter:
             entries = [[op.entry_id, op.lac, op.payload, op.digest] for op in ops]
             frame = SharedFrame(AddBatchRequest, self.ledger_id, 0, self._key, entries)
         bookie = self._ensemble[index]
+        self._batches_in_flight[bookie] = self._batches_in_flight.get(bookie, 0) + 1
         self.ctx.pool.send_shared(bookie, frame, partial(self._on_batch, ops, index, bookie))
         return ops, frame
 
     def _on_batch(self, ops: list[_PendingAdd], index: int, bookie: str, result: Any) -> None:
+        # Called once per request, whatever its fate: the bookie has room for another batch.
+        left = self._batches_in_flight.pop(bookie, 1) - 1
+        if left:
+            self._batches_in_flight[bookie] = left
+        if self._queued and self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
         if (
             type(result) is AddBatchResponse
             and result.status == StatusCode.OK
@@ -459,6 +503,9 @@ class LedgerWriter:
         self._ensemble = new
 
     def _resend(self, replaced: dict[int, str]) -> None:
+        for index in replaced:  # adds held for the old bookie: all pending ones go again
+            self._queued.pop(index, None)
+            self._queued_bytes.pop(index, None)
         for op in list(self._pending):
             for index in op.write_set:
                 if index in replaced:
