@@ -9,9 +9,10 @@ both get one) with ``checkpoint_interval_s=1``. After a one-second warm-up the p
 benchmark of ``python -m benchmarks bookie`` runs for ``--duration``; then the benchmark waits
 for the next checkpoint (the engine's sync) so that what the adds left in memory reaches the
 files. Bytes written are the bookie process's ``write_bytes`` (less ``cancelled_write_bytes``)
-in ``/proc/PID/io`` over that window: every thread, RocksDB's included (journal records, the
-journal's zero-filled preallocation, RocksDB's WAL, memtable flushes and compactions), counted
-when pages are dirtied. Memtable flushes or compactions that fall after the window are not
+in ``/proc/PID/io`` from before the warm-up to then, per entry added meanwhile: every thread,
+RocksDB's included (journal records, the journal's zero-filled preallocation of new files,
+RocksDB's WAL when there is no journal, memtable flushes and compactions), counted when pages
+are dirtied. Memtable flushes or compactions that fall after the window are not
 counted; both variants use the same window. (The growth of the bookie's dirs says little: a
 checkpoint deletes journal files and a memtable flush deletes RocksDB's WAL.)
 """
@@ -68,8 +69,10 @@ async def one_variant(root: Path, journal: bool, args: argparse.Namespace) -> di
         payload = os.urandom(args.entry_size)
         try:
             base = int.from_bytes(os.urandom(6), "big") << 8
-            await pipelined(_Writer(client, base, payload), args.outstanding, args.warmup)
+            # Bytes are counted from before the warm-up: a file written then and deleted while
+            # still dirty in the window (a RocksDB WAL after a flush) would count negative.
             io0 = process_write_bytes(bookie.proc.pid)
+            warm = await pipelined(_Writer(client, base, payload), args.outstanding, args.warmup)
             result = await pipelined(
                 _Writer(client, base + 1, payload), args.outstanding, args.duration
             )
@@ -84,7 +87,7 @@ async def one_variant(root: Path, journal: bool, args: argparse.Namespace) -> di
         "entries_per_s": result["adds_per_s"],
         "mb_per_s": result["mb_per_s"],
         "errors": result["errors"],
-        "disk_bytes_per_entry": (io1 - io0) / entries,
+        "disk_bytes_per_entry": (io1 - io0) / max(1, warm["entries"] + result["entries"]),
         **{k: v for k, v in result.items() if k.endswith("_ms")},
     }
 
