@@ -149,6 +149,8 @@ class RocksDBEngine:
         self.put_entries(ledger_id, [(entry_id, bytes(record))])
 
     def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+        if not entries:
+            return
         pack, highest, size = _ENTRY_KEY.pack, -1, 0
         with self._lock:
             put = self._batch.put
@@ -266,7 +268,10 @@ class RocksDBEngine:
                 db = self._db
             assert db is not None, "engine is closed"
             # The durability point; both release the GIL while they write and fsync.
-            db.flush_wal(True) if self._wal else db.flush(True)
+            if self._wal:
+                db.flush_wal(True)
+            else:
+                db.flush(True)
             self._syncs += 1
 
     def close(self) -> None:

@@ -104,6 +104,21 @@ async def test_adds_wait_for_an_answer_when_batches_are_in_flight(shared_cluster
         assert [e.payload for e in got] == [b"%d" % i for i in range(36)]
 
 
+async def test_held_adds_of_a_striped_ledger_reach_their_write_sets(shared_cluster):
+    config = dataclasses.replace(CONFIG, add_batches_in_flight_max=1, add_batch_entries_max=10)
+    async with BookKeeper.connect(shared_cluster.uri, config) as bk:
+        w = await bk.create_ledger(3, 2, 2, password=b"pw")
+        futures = [w.append_nowait(b"0")]
+        await asyncio.sleep(0)
+        futures += [w.append_nowait(b"%d" % i) for i in range(1, 200)]
+        assert await asyncio.gather(*futures) == list(range(200))
+        assert bk.ctx.pool.statistics()["requests"] < 200  # batched, not one per add
+        await w.close()
+        reader = await bk.open_ledger(w.ledger_id, password=b"pw")
+        got = await reader.read(0, 199)
+        assert [e.payload for e in got] == [b"%d" % i for i in range(200)]
+
+
 async def test_pending_payload_bytes_are_bounded(shared_cluster):
     config = ClientConfig(adds_pending_bytes_max=10_000, request_timeout_s=3)
     async with BookKeeper.connect(shared_cluster.uri, config) as bk:

@@ -130,6 +130,7 @@ def test_put_entries_is_put_entry_for_each(store: Store) -> None:
     e.put_entry(3, 1, b"single")
     e.put_entries(3, [(0, b"a"), (1, b"b"), (5, data(3, 5, 70000)), (2, b"")])
     e.put_entries(3, [])
+    e.put_entries(4, [])  # stores nothing, makes no ledger
     assert [e.get_entry(3, i) for i in range(6)] == [b"a", b"b", b"", None, None, data(3, 5, 70000)]
     assert (e.last_entry_id(3), e.list_entries(3, 0, 10), e.ledgers()) == (5, [0, 1, 2, 5], [3])
     e = store.reopen(e)

@@ -35,7 +35,6 @@ import collections
 import json
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -107,7 +106,6 @@ class Journal:
         self._pos = 0  # write position in the current file
         self._allocated = 0  # bytes of the current file known to be zero-filled
         self._checkpoint_lock = asyncio.Lock()
-        self._recycle_lock = threading.Lock()  # the writer's thread takes, a checkpoint's gives
         self._stats = collections.Counter[str]()
 
     # --- replay ---------------------------------------------------------------------------
@@ -294,8 +292,8 @@ class Journal:
     def _open_file(self, seq: int) -> None:
         path = self.directory / file_name(seq)
         header = file_header(seq)
-        with self._recycle_lock:
-            recycled = list_recycled(self.directory)[:1]
+        # Only checkpoints (one at a time) add recycled files and only this thread takes them.
+        recycled = list_recycled(self.directory)[:1]
         if recycled:
             # The new header is durable before the file takes its journal name: a crash in
             # between leaves a recycled file, never a journal file with a stale header.
@@ -349,11 +347,8 @@ class Journal:
         kept_max = self.config.journal_recycle_files
         for old_seq, path in list_files(self.directory):
             if old_seq < seq:
-                with self._recycle_lock:
-                    keep = len(list_recycled(self.directory)) < kept_max
-                    if keep:
-                        os.rename(path, self.directory / recycled_name(old_seq))
-                if keep:
+                if len(list_recycled(self.directory)) < kept_max:
+                    os.rename(path, self.directory / recycled_name(old_seq))
                     self._stats["files_recycled"] += 1
                 else:
                     path.unlink(missing_ok=True)

@@ -305,6 +305,7 @@ class LedgerWriter:
         order = self._write_sets[fresh[0].entry_id % self._e] if fresh else ()
         for index in (*order, *(i for i in range(self._e) if i not in order)):
             ops = fresh if everyone else [op for op in fresh if index in op.write_set]
+            added = fresh_bytes if everyone else sum(len(op.payload) for op in ops)
             more = extra.get(index)
             if more:
                 more.extend(ops)  # older first
@@ -317,9 +318,7 @@ class LedgerWriter:
                 # batch then carries what arrived during a round trip, not one loop turn.
                 # A copy of the shared list: other bookies' requests hold it, unchanged.
                 self._queued[index] = ops if more else list(ops)
-                self._queued_bytes[index] = extra_bytes.get(index, 0) + (
-                    fresh_bytes if everyone else sum(len(op.payload) for op in ops)
-                )
+                self._queued_bytes[index] = extra_bytes.get(index, 0) + added
                 continue
             # With E == WQ every bookie gets the same adds: the frame is packed once.
             for chunk in self._chunks(ops) if more else (ops,):
