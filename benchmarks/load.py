@@ -6,7 +6,8 @@ Theory of operation
 Both drive a ``send`` function that starts one operation and returns a future (an add, a read,
 an etcd put). The closed loop starts ``outstanding`` operations and starts the next one from
 each completion's callback, until the duration (or the count) is used up; latency is measured
-from the actual send. The open loop sends operation *i* at ``start + i / rate`` and measures
+from the send (from the completion that triggers it: at most the driver's few µs early). The
+open loop sends operation *i* at ``start + i / rate`` and measures
 latency from that *intended* time, so a stall also counts against the operations that should
 have been sent during it (no coordinated omission); ``outstanding`` then only bounds memory.
 
@@ -79,34 +80,37 @@ class _Tracker:
         self.idle.set()
         self.last_completion = time.perf_counter()
 
-    def start(self, send: Send, t0: float, then: Callable[[], None] | None = None) -> bool:
-        """Send one operation whose latency counts from ``t0``; False if ``send`` raised."""
+    def start(self, send: Send, t0: float, then: Callable[[float], None] | None = None) -> bool:
+        """Send one operation whose latency counts from ``t0``; False if ``send`` raised.
+        ``then(now)`` runs after its completion is counted."""
         try:
             future = send()
         except Exception as exc:
             self.result.fail(exc)
             return False
+        if not self.in_flight:
+            self.idle.clear()
         self.in_flight += 1
-        self.idle.clear()
+        # The per-operation path is kept short: the driver's CPU is the client's CPU.
         future.add_done_callback(lambda f: self._done(f, t0, then))
         return True
 
     def _done(
-        self, future: asyncio.Future[Any], t0: float, then: Callable[[], None] | None
+        self, future: asyncio.Future[Any], t0: float, then: Callable[[float], None] | None
     ) -> None:
         now = time.perf_counter()
         self.in_flight -= 1
         self.last_completion = now
-        if future.cancelled():
-            self.result.fail(asyncio.CancelledError())
-        elif future.exception() is not None:
-            self.result.fail(future.exception())  # type: ignore[arg-type]
+        result = self.result
+        error = asyncio.CancelledError() if future.cancelled() else future.exception()
+        if error is not None:
+            result.fail(error)
         else:
-            self.result.latencies_s.append(now - t0)
-            self.result.entries += self.weight(future.result())
+            result.latencies_s.append(now - t0)
+            result.entries += 1 if self.weight is _one else self.weight(future.result())
         if then is not None:
-            then()
-        if self.in_flight == 0:
+            then(now)
+        if not self.in_flight:
             self.idle.set()
 
     async def drain(self, timeout_s: float) -> None:
@@ -135,15 +139,15 @@ async def closed_loop(
     deadline = start + duration_s if duration_s is not None else float("inf")
     remaining = count if count is not None else -1
 
-    def launch() -> None:
+    def launch(now: float) -> None:
         nonlocal remaining
-        if remaining == 0 or time.perf_counter() >= deadline:
+        if remaining == 0 or now >= deadline:
             return
         remaining -= 1
-        tracker.start(send, time.perf_counter(), launch)
+        tracker.start(send, now, launch)  # a completion's time is the next send's
 
     for _ in range(outstanding):
-        launch()
+        launch(time.perf_counter())
     await tracker.drain((duration_s or 0) + drain_timeout_s)
     tracker.result.elapsed_s = tracker.last_completion - start
     return tracker.result
@@ -171,7 +175,7 @@ async def open_loop(
     room = asyncio.Event()
     room.set()
 
-    def freed() -> None:
+    def freed(_now: float) -> None:
         if tracker.in_flight < outstanding_max:
             room.set()
 
