@@ -72,7 +72,12 @@ async def test_wiped_journal_less_bookie_fences_limbos_and_repairs(tmp_path, aut
             await closed.close()
             open_ = await bk.create_ledger(3, 3, 2, password=b"pw")
             acked_open = {await open_.append(b"o%d" % i): b"o%d" % i for i in range(40)}
-
+            # Every bookie answered (an add returns at AQ 2 of 3): otherwise the victim's death
+            # fails an add in flight and the writer, with no spare bookie to replace it, stops
+            # with NotEnoughBookiesError before the rebooted bookie can fence it.
+            async with asyncio.timeout(10):
+                while bk.ctx.pool.statistics()["in_flight"]:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
             victim.kill()
             for name in wiped:  # the disk is gone, DIRTY marker included
                 shutil.rmtree(victim.root / name)

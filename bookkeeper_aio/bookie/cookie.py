@@ -35,6 +35,7 @@ from pathlib import Path
 from ..config import BookieConfig
 from ..errors import BookKeeperError, MetadataVersionError
 from ..metadata.store import MetadataStore
+from .journal import fsync_dir
 
 COOKIE_FILE = "COOKIE"
 FIX_REQUESTED = "fix_requested"  # set in the store cookie by `shell cookie-fix`
@@ -94,6 +95,7 @@ def _write_local(directory: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, directory / COOKIE_FILE)
+    fsync_dir(directory)  # the rename too: a crash must not take a written cookie back
 
 
 async def check_cookies(config: BookieConfig, store: MetadataStore) -> CookieCheck:
