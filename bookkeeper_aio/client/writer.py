@@ -313,12 +313,19 @@ class LedgerWriter:
             if not ops:
                 continue
             bookie = self._ensemble[index]
-            if self._batches_in_flight.get(bookie, 0) >= self._batches_in_flight_max:
-                # Held until the bookie answers one (_on_batch flushes again): under load a
-                # batch then carries what arrived during a round trip, not one loop turn.
+            size = extra_bytes.get(index, 0) + added
+            if (
+                self._batches_in_flight.get(bookie, 0) >= self._batches_in_flight_max
+                and len(ops) < self._batch_entries_max
+                and size < self._batch_bytes_max
+            ):
+                # A partial batch waits until the bookie answers one (_on_batch flushes
+                # again): under load a batch then carries what arrived during a round trip,
+                # not one loop turn. Full batches never wait: waiting would cap a writer at
+                # add_batches_in_flight_max batches per round trip (a slow fdatasync).
                 # A copy of the shared list: other bookies' requests hold it, unchanged.
                 self._queued[index] = ops if more else list(ops)
-                self._queued_bytes[index] = extra_bytes.get(index, 0) + added
+                self._queued_bytes[index] = size
                 continue
             # With E == WQ every bookie gets the same adds: the frame is packed once.
             for chunk in self._chunks(ops) if more else (ops,):
