@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import signal
 
@@ -84,38 +85,66 @@ async def test_adds_of_one_loop_turn_go_to_each_bookie_in_one_frame(shared_clust
         assert [e.payload for e in got] == [b"%d" % i for i in range(200)]
 
 
+async def _settled(bk: BookKeeper) -> None:
+    """Wait (bounded) until no request to any bookie is unanswered."""
+    async with asyncio.timeout(5):
+        while bk.ctx.pool.statistics()["in_flight"]:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+@contextlib.contextmanager
+def _frozen(cluster: Cluster):
+    """SIGSTOP every bookie; SIGCONT on the way out, whatever happens."""
+    for b in cluster.bookies:
+        b.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for b in cluster.bookies:
+            b.signal(signal.SIGCONT)
+
+
+async def _adds_in_separate_turns(w, first: int, count: int) -> list:
+    """Append ``count`` adds, each in a loop turn of its own (as independent tasks would)."""
+    futures = []
+    for i in range(first, first + count):
+        futures.append(w.append_nowait(b"%d" % i))
+        await asyncio.sleep(0.01)
+    return futures
+
+
 async def test_adds_wait_for_an_answer_when_batches_are_in_flight(shared_cluster):
-    config = dataclasses.replace(CONFIG, add_batches_in_flight_max=1, add_batch_entries_max=10)
+    config = dataclasses.replace(CONFIG, add_batches_in_flight_max=1)
     async with BookKeeper.connect(shared_cluster.uri, config) as bk:
         w = await bk.create_ledger(3, 3, 2, password=b"pw")
         await w.append(b"first")  # connections are open now
-        async with asyncio.timeout(5):  # and the third bookie answered it too
-            while bk.ctx.pool.statistics()["in_flight"]:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+        await _settled(bk)
         before = bk.ctx.pool.statistics()["requests"]
-        futures = [w.append_nowait(b"0")]
-        await asyncio.sleep(0)  # sent: one request in flight to each bookie
-        futures += [w.append_nowait(b"%d" % i) for i in range(1, 36)]  # held meanwhile
-        assert await asyncio.gather(*futures) == list(range(1, 37))
-        # Per bookie: the first add alone, then the 35 held ones in batches of at most 10.
-        assert bk.ctx.pool.statistics()["requests"] - before == 3 * (1 + 4)
+        with _frozen(shared_cluster):  # the bookies answer nothing meanwhile
+            futures = await _adds_in_separate_turns(w, 0, 6)
+            # Only the first add went out; the five later ones wait for its answer.
+            assert bk.ctx.pool.statistics()["requests"] - before == 3
+        assert await asyncio.gather(*futures) == list(range(1, 7))
+        await _settled(bk)
+        assert bk.ctx.pool.statistics()["requests"] - before == 3 * 2  # then one batch of 5
         reader = await bk.open_ledger(w.ledger_id, password=b"pw")
-        got = await reader.read(1, 36)
-        assert [e.payload for e in got] == [b"%d" % i for i in range(36)]
+        got = await reader.read(1, 6)
+        assert [e.payload for e in got] == [b"%d" % i for i in range(6)]
 
 
 async def test_held_adds_of_a_striped_ledger_reach_their_write_sets(shared_cluster):
-    config = dataclasses.replace(CONFIG, add_batches_in_flight_max=1, add_batch_entries_max=10)
+    config = dataclasses.replace(CONFIG, add_batches_in_flight_max=1, add_batch_entries_max=4)
     async with BookKeeper.connect(shared_cluster.uri, config) as bk:
         w = await bk.create_ledger(3, 2, 2, password=b"pw")
-        futures = [w.append_nowait(b"0")]
-        await asyncio.sleep(0)
-        futures += [w.append_nowait(b"%d" % i) for i in range(1, 200)]
-        assert await asyncio.gather(*futures) == list(range(200))
-        assert bk.ctx.pool.statistics()["requests"] < 200  # batched, not one per add
+        await w.append(b"first")
+        await _settled(bk)
+        with _frozen(shared_cluster):
+            futures = await _adds_in_separate_turns(w, 0, 20)  # held, and cut to batches of 4
+        futures += [w.append_nowait(b"%d" % i) for i in range(20, 200)]
+        assert await asyncio.gather(*futures) == list(range(1, 201))
         await w.close()
         reader = await bk.open_ledger(w.ledger_id, password=b"pw")
-        got = await reader.read(0, 199)
+        got = await reader.read(1, 200)
         assert [e.payload for e in got] == [b"%d" % i for i in range(200)]
 
 
