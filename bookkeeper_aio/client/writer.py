@@ -278,7 +278,7 @@ class LedgerWriter:
         ensemble change); sent at the end of this loop turn, like new adds."""
         if index in self._changing:
             return  # re-sent to the replacement once the ensemble change is committed
-        if index in op.write_set and op in self._fresh:
+        if op in self._fresh:
             return  # a new add not flushed yet: the flush sends it to its whole write set
         queued = self._queued.get(index)
         if queued is None:
