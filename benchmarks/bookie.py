@@ -12,6 +12,7 @@ import asyncio
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from bookkeeper_aio.protocol import AddRequest
 from bookkeeper_aio.sandbox import BookieProcess
 
 from .disk import group_commit_limit
+from .load import payload_pool
 from .stats import latency_summary, print_table, write_json
 
 KEY = master_key(b"bench")
@@ -46,15 +48,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class _Writer:
     """Adds to one ledger, one entry id after another."""
 
-    def __init__(self, client: BookieClient, ledger_id: int, payload: bytes) -> None:
-        self.client, self.ledger_id, self.payload = client, ledger_id, payload
+    def __init__(self, client: BookieClient, ledger_id: int, payloads: Sequence[bytes]) -> None:
+        self.client, self.ledger_id, self.payloads = client, ledger_id, payloads
+        self.entry_size = len(payloads[0])
         self.next_entry_id = 0
 
     def send(self) -> asyncio.Future:
         e, lid = self.next_entry_id, self.ledger_id
+        payload = self.payloads[e % len(self.payloads)]
         self.next_entry_id += 1
-        digest = entry_digest(lid, e, e - 1, self.payload)
-        return self.client.request(AddRequest, lid, e, 0, KEY, e - 1, self.payload, digest)
+        digest = entry_digest(lid, e, e - 1, payload)
+        return self.client.request(AddRequest, lid, e, 0, KEY, e - 1, payload, digest)
 
 
 async def sequential(writer: _Writer, count: int) -> dict[str, float]:
@@ -102,7 +106,7 @@ async def pipelined(writer: _Writer, outstanding: int, duration_s: float) -> dic
     await done.wait()
     elapsed = time.perf_counter() - start
     count = len(latencies)
-    size = len(writer.payload)
+    size = writer.entry_size
     return {
         "entries": count,
         "elapsed_s": elapsed,
@@ -150,12 +154,12 @@ async def run_bookie_bench(args: argparse.Namespace, *, quiet: bool = False) -> 
 async def _phases(address: str, args: argparse.Namespace) -> dict[str, Any]:
     config = ClientConfig(request_timeout_s=60, bookie_requests_in_flight_max=100_000)
     client = await BookieClient.connect(TcpNetwork(), address, config)
-    payload = os.urandom(args.entry_size)
+    payloads = payload_pool(args.entry_size)
     try:
         base = int.from_bytes(os.urandom(6), "big") << 8
-        await pipelined(_Writer(client, base, payload), args.outstanding, args.warmup)
-        seq = await sequential(_Writer(client, base + 1, payload), args.sequential)
-        pipe = await pipelined(_Writer(client, base + 2, payload), args.outstanding, args.duration)
+        await pipelined(_Writer(client, base, payloads), args.outstanding, args.warmup)
+        seq = await sequential(_Writer(client, base + 1, payloads), args.sequential)
+        pipe = await pipelined(_Writer(client, base + 2, payloads), args.outstanding, args.duration)
     finally:
         await client.close()
     return {"entry_size": args.entry_size, "sequential": seq, "pipelined": pipe}

@@ -32,6 +32,7 @@ from bookkeeper_aio.net import TcpNetwork
 
 from .bookie import _Writer, pipelined
 from .cluster import local_cluster
+from .load import payload_pool
 from .stats import print_table, write_json
 
 CHECKPOINT_INTERVAL_S = 1.0
@@ -66,15 +67,15 @@ async def one_variant(root: Path, journal: bool, args: argparse.Namespace) -> di
         assert bookie.proc is not None
         config = ClientConfig(request_timeout_s=60, bookie_requests_in_flight_max=100_000)
         client = await BookieClient.connect(TcpNetwork(), bookie.address, config)
-        payload = os.urandom(args.entry_size)
+        payloads = payload_pool(args.entry_size)
         try:
             base = int.from_bytes(os.urandom(6), "big") << 8
             # Bytes are counted from before the warm-up: a file written then and deleted while
             # still dirty in the window (a RocksDB WAL after a flush) would count negative.
             io0 = process_write_bytes(bookie.proc.pid)
-            warm = await pipelined(_Writer(client, base, payload), args.outstanding, args.warmup)
+            warm = await pipelined(_Writer(client, base, payloads), args.outstanding, args.warmup)
             result = await pipelined(
-                _Writer(client, base + 1, payload), args.outstanding, args.duration
+                _Writer(client, base + 1, payloads), args.outstanding, args.duration
             )
             await asyncio.sleep(CHECKPOINT_INTERVAL_S * 1.5)  # the engine syncs what it holds
             io1 = process_write_bytes(bookie.proc.pid)

@@ -23,6 +23,7 @@ future that fails counts one error. Both loops end when every started operation 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,21 @@ from .stats import latency_summary
 
 Send = Callable[[], "asyncio.Future[Any]"]
 Weight = Callable[[Any], int]
+
+PAYLOAD_POOL_BYTES_MAX = 8 << 20
+PAYLOAD_POOL_COUNT_MAX = 4096
+
+
+def payload_pool(entry_size: int) -> list[bytes]:
+    """Distinct random payloads of ``entry_size`` bytes (at most 4096 of them, 8 MiB), for a
+    load to use in turn.
+
+    Real entries differ from one another: with one payload repeated, RocksDB's block
+    compression (when enabled) squeezed each block's identical entries into one and the
+    benchmark wrote a fraction of the bytes a real load would.
+    """
+    count = max(1, min(PAYLOAD_POOL_COUNT_MAX, PAYLOAD_POOL_BYTES_MAX // max(1, entry_size)))
+    return [os.urandom(entry_size) for _ in range(count)]
 
 
 def _one(_: Any) -> int:

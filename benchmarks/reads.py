@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
 from typing import Any
 
 from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.client.context import LedgerEntry
 
 from .cluster import target
-from .load import closed_loop, drive
+from .load import closed_loop, drive, payload_pool
 from .options import PASSWORD, add_client_arguments, bookie_count, client_config, quorum_label
 from .stats import print_table, write_json
 from .writes import describe, open_writers, round_robin
@@ -37,13 +36,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 async def write_ledger(uri: str, args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     """One closed ledger of ``--entries`` entries; its id and the write figures."""
-    payload = os.urandom(args.entry_size)
+    payloads = payload_pool(args.entry_size)
     async with BookKeeper.connect(
         uri, client_config(args.write_outstanding, args.entry_size)
     ) as bk:
         (writer,) = await open_writers(bk, args, count=1)
         load = await closed_loop(
-            round_robin([writer], payload), args.write_outstanding, count=args.entries
+            round_robin([writer], payloads), args.write_outstanding, count=args.entries
         )
         await writer.close()
     if load.errors:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import time
 from typing import Any
 
 from bookkeeper_aio import BookKeeper
 
 from .cluster import target
-from .load import closed_loop
+from .load import closed_loop, payload_pool
 from .options import PASSWORD, add_client_arguments, bookie_count, client_config, quorum_label
 from .stats import latency_summary, print_table, write_json
 from .writes import describe, open_writers, round_robin
@@ -41,14 +40,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 async def abandon_ledgers(uri: str, args: argparse.Namespace) -> list[int]:
     """Write the ledgers, wait for every ack, leave them open; their ids."""
-    payload = os.urandom(args.entry_size)
+    payloads = payload_pool(args.entry_size)
     config = client_config(
         args.outstanding, args.entry_size, explicit_lac_interval_s=NO_EXPLICIT_LAC_S
     )
     async with BookKeeper.connect(uri, config) as bk:
         writers = await open_writers(bk, args)
         load = await closed_loop(
-            round_robin(writers, payload), args.outstanding, count=args.entries * args.ledgers
+            round_robin(writers, payloads), args.outstanding, count=args.entries * args.ledgers
         )
         if load.errors:
             raise RuntimeError(f"writing the ledgers failed: {load.first_error}")

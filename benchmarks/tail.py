@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
+import itertools
 import time
 from typing import Any
 
@@ -29,7 +29,7 @@ from bookkeeper_aio.client.reader import LedgerReader
 from bookkeeper_aio.client.writer import LedgerWriter
 
 from .cluster import target
-from .load import LoadResult, drive
+from .load import LoadResult, drive, payload_pool
 from .options import PASSWORD, add_client_arguments, bookie_count, client_config, quorum_label
 from .stats import latency_summary, print_table, write_json
 from .writes import describe, open_writers
@@ -69,11 +69,11 @@ async def _append(
     writer: LedgerWriter, args: argparse.Namespace, sent: dict[int, float]
 ) -> LoadResult:
     """Append for warm-up + duration + grace; ``sent`` gets each entry's append time."""
-    payload = os.urandom(args.entry_size)
+    payloads = itertools.cycle(payload_pool(args.entry_size))
 
     def send() -> asyncio.Future[int]:
         t0 = time.perf_counter()
-        future = writer.append_nowait(payload)
+        future = writer.append_nowait(next(payloads))
         sent[writer.last_add_pushed] = t0
         return future
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from bookkeeper_aio.client.writer import LedgerWriter
 from bookkeeper_aio.errors import BookKeeperError
 
 from .cluster import target
-from .load import LoadResult, Send, closed_loop, drive
+from .load import LoadResult, Send, closed_loop, drive, payload_pool
 from .options import PASSWORD, add_client_arguments, bookie_count, client_config, quorum_label
 from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
@@ -69,18 +69,18 @@ async def close_and_delete(bk: BookKeeper, writers: list[LedgerWriter]) -> None:
             await bk.delete_ledger(writer.ledger_id)
 
 
-def round_robin(writers: list[LedgerWriter], payload: bytes) -> Send:
-    """A ``send`` that appends ``payload`` to the writers in turn."""
-    turn = itertools.cycle(writers)
-    return lambda: next(turn).append_nowait(payload)
+def round_robin(writers: list[LedgerWriter], payloads: Sequence[bytes]) -> Send:
+    """A ``send`` that appends ``payloads`` in turn to the writers in turn."""
+    turn, payload = itertools.cycle(writers), itertools.cycle(payloads)
+    return lambda: next(turn).append_nowait(next(payload))
 
 
 async def measure_writes(uri: str, args: argparse.Namespace) -> dict[str, Any]:
     """Warm up, then the measured load; return its summary (no peers)."""
-    payload = os.urandom(args.entry_size)
+    payloads = payload_pool(args.entry_size)
     async with BookKeeper.connect(uri, client_config(args.outstanding, args.entry_size)) as bk:
         writers = await open_writers(bk, args)
-        send = round_robin(writers, payload)
+        send = round_robin(writers, payloads)
         if args.warmup > 0:
             await closed_loop(send, args.outstanding, args.warmup)
         load: LoadResult = await drive(send, args.outstanding, args.duration, args.rate)

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from rocksdict import (
+    DBCompressionType,
     DBRecoveryMode,
     Options,
     Rdict,
@@ -300,6 +301,11 @@ def _open_db(directory: str, memtable_bytes: int) -> Rdict:
     # Four of them, so a slow flush never stops writes: a stall would block the event loop.
     opts.set_write_buffer_size(memtable_bytes)
     opts.set_max_write_buffer_number(4)
+    # No block compression (RocksDB's default is Snappy): entries are the client's bytes,
+    # which a client that wants it compresses itself (Pulsar compresses its batches), and
+    # Snappy on incompressible entries cost ~0.4 µs per 1 KiB entry for nothing (benchmarks
+    # writes with distinct random payloads: 47.7k -> 49.5k entries/s, 3 alternated runs).
+    opts.set_compression_type(DBCompressionType.none())
     opts.set_wal_recovery_mode(DBRecoveryMode.point_in_time())  # the default; we rely on it
     try:
         return Rdict(directory, opts)
