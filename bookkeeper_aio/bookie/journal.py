@@ -4,10 +4,12 @@ Theory of operation
 -------------------
 :meth:`Journal.append` queues a typed record with a callback and returns at once. One writer
 coroutine, owned by the journal, takes queued records up to ``journal_batch_bytes_max``, writes
-them with a single ``pwrite`` and ``fdatasync`` in a dedicated one-thread executor, and then runs
-the batch's callbacks on the event loop. Records that arrive while a batch is being synced form
-the next batch, so the batch size adapts to the load (group commit); ``journal_batch_wait_ms``
-> 0 additionally waits that long for a batch to fill.
+them with a single ``pwrite`` and ``fdatasync`` on the journal's own thread (``_IoThread``: one
+future per call; a ``ThreadPoolExecutor`` chains two and cost ~20 µs more per batch, 0.06 ms
+of the one-add-in-flight latency), and then runs the batch's callbacks on the event loop.
+Records that arrive while a batch is being synced form the next batch, so the batch size adapts
+to the load (group commit); ``journal_batch_wait_ms`` > 0 additionally waits that long for a
+batch to fill.
 
 Files are preallocated with real zeros ``journal_preallocate_bytes`` ahead of the write position
 (so an fdatasync does not also have to persist a new file size) and roll over past
@@ -35,8 +37,9 @@ import collections
 import json
 import logging
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..config import BookieConfig
@@ -98,7 +101,7 @@ class Journal:
         self._pressure = False
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._io: _IoThread | None = None
         self._closing = False
         self._failed: BaseException | None = None
         self._fd = -1
@@ -150,7 +153,7 @@ class Journal:
         """Open a new journal file and start the writer."""
         assert self._writer is None, "journal already started"
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="journal")
+        self._io = _IoThread("journal")
         files = list_files(self.directory)
         next_seq = files[-1][0] + 1 if files else 1
         await self._run(self._open_file, next_seq)
@@ -166,8 +169,8 @@ class Journal:
         if self._fd >= 0:
             await self._run(os.close, self._fd)
             self._fd = -1
-        assert self._executor is not None
-        self._executor.shutdown(wait=True)
+        assert self._io is not None
+        self._io.stop()
 
     @property
     def failed(self) -> BaseException | None:
@@ -262,10 +265,10 @@ class Journal:
             self._on_failure(error)
 
     async def _run(self, fn: Callable[..., object], *args: object) -> object:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fn, *args)
+        assert self._io is not None
+        return await self._io.call(fn, *args)
 
-    # --- file operations (executor thread) ------------------------------------------------
+    # --- file operations (the journal's thread) -------------------------------------------
 
     def _write_sync(self, data: bytes, pos: int) -> None:
         end = pos + len(data)
@@ -364,6 +367,51 @@ class Journal:
         batches = self._stats["batches"]
         stats["records_per_batch"] = self._stats["records"] / batches if batches else 0.0
         return stats
+
+
+class _IoThread:
+    """One thread running blocking calls in order, each answered on the event loop.
+
+    What ``run_in_executor`` on a one-thread pool does, with one future per call instead of
+    two chained ones, and no pool locks: the journal makes one call per batch.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[..., object], *args: object) -> asyncio.Future[object]:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._calls.put((loop, future, fn, args))
+        return future
+
+    def stop(self) -> None:
+        """Finish the calls queued so far, then end the thread."""
+        self._calls.put(None)
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            loop, future, fn, args = item
+            try:
+                result, error = fn(*args), None
+            except BaseException as exc:  # handed to the caller, as an executor would
+                result, error = None, exc
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+
+def _settle(future: asyncio.Future[object], result: object, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def fsync_dir(directory: Path) -> None:
