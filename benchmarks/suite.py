@@ -3,7 +3,8 @@
 Order: the disk's limits (first, while nothing of ours is being written back), one bookie,
 journal on/off, then one local cluster (etcd + 3 bookies) for the client benchmarks (writes at
 1, 128 and 1000 outstanding and an open loop at half the closed-loop rate, tail, reads,
-recovery), then the 3-member etcd peer at the same concurrencies. ``--short`` gives each
+recovery), then a fresh cluster for writes to 100 ledgers at once (1000 outstanding), then the
+3-member etcd peer at the same concurrencies. ``--short`` gives each
 measured phase 5 s (the whole run takes under two minutes on a 2-vCPU machine); without it,
 30 s.
 """
@@ -23,6 +24,7 @@ from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
 
 WRITE_OUTSTANDINGS = (1, 128, 1000)
+MANY_LEDGERS = 100  # written at once, as a bookie behind many topics sees them
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +53,11 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
         results["journal"] = await journal.run_journal(mode_args(journal, common), quiet=True)
         async with local_cluster(scratch / "cluster", 3) as cluster:
             results.update(await _client_benchmarks(cluster.uri, common))
+        # A fresh cluster: the phases above leave RocksDB compactions behind them.
+        async with local_cluster(scratch / "many", 3) as cluster:
+            argv = [*common, "--outstanding", "1000", "--ledgers", str(MANY_LEDGERS)]
+            many = await writes.measure_writes(cluster.uri, mode_args(writes, argv))
+            results["writes_many"] = many
         etcd = await etcd_peer(scratch, list(WRITE_OUTSTANDINGS), float(d), 1024)
         results["overload"] = await overload.run_overload(mode_args(overload, common), quiet=True)
     for n in WRITE_OUTSTANDINGS:
@@ -99,6 +106,8 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
         rows.append(_row(f"writes E3/WQ3/AQ2, {n} outstanding", r, note))
     r = results["writes_rate"]
     rows.append(_row(f"writes open loop {r['rate']:g}/s", r, "latency from intended send"))
+    r = results["writes_many"]
+    rows.append(_row(f"writes, 1000 outstanding, {r['ledgers']} ledgers", r, "fresh cluster"))
     r = results["tail"]
     rows.append(_row("tail: append -> tail read", r, f"rate {r['rate']:g}/s"))
     rows.append(_row("reads: 100/call, 1 call", results["reads_batch100"], "latency per call"))
