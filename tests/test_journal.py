@@ -214,3 +214,17 @@ def test_record_encoding_round_trips(records, seq):
     if records:
         other = file_header(seq) + encode_record(seq ^ 1, *records[0])
         assert scan(other, seq).records == []
+
+
+async def test_io_thread_runs_calls_in_order_and_hands_errors_back():
+    io = journal_mod._IoThread("test-journal")
+    try:
+        order: list[int] = []
+        await asyncio.gather(*[io.call(order.append, i) for i in range(200)])
+        assert order == list(range(200))
+        with pytest.raises(ZeroDivisionError):
+            await io.call(lambda: 1 // 0)
+        assert await io.call(lambda: 7) == 7  # still serving after a failed call
+    finally:
+        io.stop()
+    assert not io._thread.is_alive()
