@@ -106,8 +106,6 @@ class AckSet:
             self._failed &= ~(1 << index)
         return self._acked.bit_count() >= self.ack_quorum
 
-    add = add_ack  # the name the writer used first
-
     def fail(self, index: int) -> bool:
         """Record that ``index`` failed this add; True if the ensemble must change for it.
 

@@ -57,8 +57,8 @@ def entries_record(ledger_id: int, entries: list[tuple[int, bytes]]) -> tuple[in
     return REC_ENTRIES, b"".join(parts)
 
 
-def unpack_entries(body: bytes) -> list[tuple[int, int, bytes]]:
-    """(ledger id, entry id, record) of each entry of a ``REC_ENTRIES`` body.
+def unpack_entries(body: bytes) -> tuple[int, list[tuple[int, bytes]]]:
+    """The ledger id and the (entry id, record) pairs of a ``REC_ENTRIES`` body.
 
     Raises:
         ValueError: the body is truncated (it passed the journal's checksum: a bug, not a crash).
@@ -72,9 +72,9 @@ def unpack_entries(body: bytes) -> list[tuple[int, int, bytes]]:
         pos += BATCHED_ENTRY.size
         if pos + size > len(body):
             raise ValueError("truncated REC_ENTRIES journal record")
-        found.append((ledger_id, entry_id, bytes(view[pos : pos + size])))
+        found.append((entry_id, bytes(view[pos : pos + size])))
         pos += size
-    return found
+    return ledger_id, found
 
 
 def ledger_body(ledger_id: int, data: bytes) -> bytes:
@@ -99,8 +99,7 @@ def replay_into(engine: Engine, records: Iterable[JournalRecord]) -> int:
             ledger_id, entry_id = ENTRY_KEY.unpack_from(body)
             engine.put_entry(ledger_id, entry_id, bytes(body[ENTRY_KEY.size :]))
         elif rtype == REC_ENTRIES:
-            for ledger_id, entry_id, record in unpack_entries(body):
-                engine.put_entry(ledger_id, entry_id, record)
+            engine.put_entries(*unpack_entries(body))
         else:
             (ledger_id,) = LEDGER_KEY.unpack_from(body)
             _apply_ledger_record(engine, rtype, ledger_id, bytes(body[LEDGER_KEY.size :]))

@@ -129,10 +129,9 @@ def _mark_dirs(dirs: tuple[str, ...], running: bool) -> None:
         if running:
             with open(path, "wb") as f:
                 os.fsync(f.fileno())
-            fsync_dir(Path(d))
         else:
             path.unlink(missing_ok=True)
-            fsync_dir(Path(d))
+        fsync_dir(Path(d))
 
 
 def _make_dirs(dirs: tuple[str, ...]) -> None:

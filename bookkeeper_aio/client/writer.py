@@ -57,7 +57,8 @@ from .context import ClientContext
 
 log = logging.getLogger(__name__)
 OVERLOAD_RETRY_S = 0.01  # a bookie or connection at its in-flight bound: wait, resend
-FRAMING_BYTES_PER_ADD = 33  # [entry id, lac, payload, digest] packed, beyond the payload: at most
+# What [entry id, lac, payload, digest] packs to beyond the payload's own bytes, at most.
+FRAMING_BYTES_PER_ADD = 33
 
 
 class _PendingAdd(AckSet):
