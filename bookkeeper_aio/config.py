@@ -131,6 +131,7 @@ class BookieConfig(_Config):
     journal_dir: str = "data/journal"
     ledger_dirs: tuple[str, ...] = ("data/ledgers",)
     engine: str = "rocksdb"  # rocksdb | files | memory
+    engine_direct_io: bool = True  # rocksdb: SSTs written O_DIRECT where the fs supports it
 
     # Wire limits.
     frame_bytes_max: int = 5 * MiB  # like BookKeeper's nettyMaxFrameSizeBytes
@@ -146,6 +147,8 @@ class BookieConfig(_Config):
     journal_queue_bytes_max: int = 64 * MiB  # records waiting for the disk; past it, stop reading
     journal_file_bytes_max: int = 256 * MiB  # roll over to a new file past this
     journal_preallocate_bytes: int = 16 * MiB  # zero-filled ahead so fdatasync skips metadata
+    # Journal files opened O_DIRECT (not through the page cache) where the fs supports it.
+    journal_direct_io: bool = True
     # Journal files a checkpoint retires but keeps for reuse: overwriting blocks a file already
     # has skips the zero-fill, half of a journal's writes to the disk. 0: delete them.
     journal_recycle_files: int = 2

@@ -14,12 +14,15 @@ from bookkeeper_aio.errors import ConfigError
 ENGINE_NAMES = ("rocksdb", "files", "memory")
 
 
-def open_engine(name: str, ledger_dirs: Sequence[str], *, journaled: bool = False) -> Engine:
+def open_engine(
+    name: str, ledger_dirs: Sequence[str], *, journaled: bool = False, direct_io: bool = True
+) -> Engine:
     """Open the named engine over ``ledger_dirs`` (one engine per dir, sharded if several).
 
     ``journaled``: the caller's write-ahead journal holds every write and replays it after a
     crash, so an engine may skip its own (rocksdb: no WAL; ``sync()`` still makes everything
-    durable).
+    durable). ``direct_io``: write around the page cache where the dir's file system allows it
+    (rocksdb: flushes and compactions; see bookkeeper_aio/direct_io.py).
 
     Raises:
         ConfigError: unknown engine name or no ledger dir.
@@ -40,7 +43,7 @@ def open_engine(name: str, ledger_dirs: Sequence[str], *, journaled: bool = Fals
         from .rocksdb import RocksDBEngine
 
         def make(d: str) -> Engine:
-            return RocksDBEngine(d, wal=not journaled)
+            return RocksDBEngine(d, wal=not journaled, direct_io=direct_io)
     else:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
     shards: list[Engine] = []

@@ -151,6 +151,19 @@ def test_rocksdb_refuses_a_dir_with_the_old_info_keys(tmp_path: Path) -> None:
         RocksDBEngine(str(tmp_path))
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_rocksdb_writes_its_ssts_around_the_page_cache(tmp_path: Path, direct: bool) -> None:
+    e = RocksDBEngine(str(tmp_path), wal=False, direct_io=direct)
+    e.put_entries(1, [(i, os.urandom(1000)) for i in range(100)])
+    e.sync()  # without the WAL: a memtable flush, written O_DIRECT
+    e.close()
+    (options,) = tmp_path.glob("OPTIONS-*")
+    assert f"use_direct_io_for_flush_and_compaction={str(direct).lower()}" in options.read_text()
+    e = RocksDBEngine(str(tmp_path), wal=False, direct_io=direct)
+    assert e.get_entry(1, 99) is not None and e.last_entry_id(1) == 99
+    e.close()
+
+
 def test_last_entry_id(store: Store) -> None:
     e = store.open()
     assert e.last_entry_id(1) == -1

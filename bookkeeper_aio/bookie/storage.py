@@ -102,7 +102,13 @@ class DiskStorage:
         engine = self._engine
         if engine is None:
             engine = await asyncio.to_thread(
-                partial(open_engine, cfg.engine, cfg.ledger_dirs, journaled=cfg.journal_write_data)
+                partial(
+                    open_engine,
+                    cfg.engine,
+                    cfg.ledger_dirs,
+                    journaled=cfg.journal_write_data,
+                    direct_io=cfg.engine_direct_io,
+                )
             )
         journal = Journal(cfg.journal_dir, cfg, on_pressure=on_pressure, on_failure=on_failure)
         replayed = await asyncio.to_thread(replay_into, engine, journal.replay())
