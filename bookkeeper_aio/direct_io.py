@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+from collections.abc import Sequence
 
 BLOCK_BYTES = 4096  # a multiple of every logical block size in use (512, 4096)
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux; elsewhere buffered
@@ -81,8 +82,9 @@ def write_zeros(fd: int, start: int, end: int) -> None:
 class BlockWriter:
     """Appends to a file in whole aligned blocks (see the module docstring).
 
-    ``append(data, pos)`` writes ``data`` at ``pos``, the end of everything appended so far;
-    the rest of its last block is written as zeros. Not thread-safe: one thread writes.
+    ``append(pieces, pos)`` writes the concatenation of ``pieces`` at ``pos``, the end of
+    everything appended so far (copied once, into the aligned buffer); the rest of its last
+    block is written as zeros. Not thread-safe: one thread writes.
     """
 
     def __init__(self, fd: int, pos: int = 0, head: bytes = b"") -> None:
@@ -99,18 +101,20 @@ class BlockWriter:
         """Where the next append goes."""
         return self._block_start + len(self._head)
 
-    def append(self, data: bytes, pos: int) -> None:
-        """Write ``data`` at ``pos`` (which must be :attr:`position`)."""
+    def append(self, pieces: Sequence[bytes], pos: int) -> None:
+        """Write the concatenation of ``pieces`` at ``pos`` (which must be :attr:`position`)."""
         assert pos == self.position, (pos, self.position)
-        head = len(self._head)
-        used = head + len(data)
+        used = len(self._head) + sum(map(len, pieces))
         total = round_up(used)
         if total > len(self._buf):
             self._buf.close()
             self._buf = mmap.mmap(-1, round_up(total + (1 << 20)))
         buf = self._buf
-        buf[:head] = self._head
-        buf[head:used] = data
+        at = len(self._head)
+        buf[:at] = self._head
+        for piece in pieces:
+            buf[at : at + len(piece)] = piece
+            at += len(piece)
         buf[used:total] = _ZERO_BLOCKS[: total - used]
         view = memoryview(buf)
         try:

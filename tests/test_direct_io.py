@@ -30,7 +30,7 @@ def test_appends_give_the_concatenation_then_zeros(tmp_path_factory, head, chunk
         expected = bytearray(head)
         for i, n in enumerate(chunks):
             data = bytes([(seed + i) % 255 + 1]) * n
-            writer.append(data, writer.position)
+            writer.append([data[: n // 3], data[n // 3 :]], writer.position)  # two pieces
             expected += data
             assert writer.position == start + sum(chunks[: i + 1])
             with open(path, "rb") as f:
@@ -51,16 +51,16 @@ def _direct(fd: int) -> bool:
 
 def write_garbage(fd: int, size: int) -> None:
     writer = BlockWriter(fd)
-    writer.append(b"\xee" * size, 0)
+    writer.append([b"\xee" * size], 0)
     writer.close()
 
 
 def test_an_append_must_start_where_the_last_ended(tmp_path):
     fd, _ = open_file(tmp_path / "f", os.O_CREAT | os.O_RDWR)
     writer = BlockWriter(fd)
-    writer.append(b"abc", 0)
+    writer.append([b"abc"], 0)
     with pytest.raises(AssertionError):
-        writer.append(b"def", 10)
+        writer.append([b"def"], 10)
     writer.close()
     os.close(fd)
 
@@ -96,7 +96,7 @@ def test_direct_where_supported_and_buffered_where_refused(tmp_path, monkeypatch
     fd, direct = open_file(tmp_path / "c", os.O_CREAT | os.O_EXCL | os.O_RDWR)
     assert not direct
     writer = BlockWriter(fd)
-    writer.append(b"hello", 0)  # the same whole-block writes, through the page cache
+    writer.append([b"hel", b"", b"lo"], 0)  # the same whole-block writes, through the page cache
     writer.close()
     os.close(fd)
     assert (tmp_path / "c").read_bytes() == b"hello" + bytes(BLOCK_BYTES - 5)

@@ -55,11 +55,11 @@ from .journal_format import (
     REC_MASTER_KEY,
     RECORD_HEADER,
     JournalRecord,
-    encode_record,
     file_header,
     file_name,
     list_files,
     list_recycled,
+    record_head,
     recycled_name,
     scan,
 )
@@ -244,12 +244,17 @@ class Journal:
         if self._pos >= self.config.journal_file_bytes_max:
             await self._run(self._roll_over)
         seq = self._seq
-        data = b"".join([encode_record(seq, rtype, body) for rtype, body, _ in batch])
-        await self._run(self._write_sync, data, self._pos)
-        self._pos += len(data)
+        pieces: list[bytes] = []
+        size = 0
+        for rtype, body, _ in batch:
+            head = record_head(seq, rtype, body)
+            pieces += (head, body)
+            size += len(head) + len(body)
+        await self._run(self._write_sync, pieces, self._pos, size)
+        self._pos += size
         self._stats["batches"] += 1
         self._stats["records"] += len(batch)
-        self._stats["bytes"] += len(data)
+        self._stats["bytes"] += size
 
     def _fail(self, exc: BaseException, batch: list[tuple[int, bytes, Callback]]) -> None:
         self._failed = exc
@@ -270,12 +275,12 @@ class Journal:
 
     # --- file operations (the journal's thread) -------------------------------------------
 
-    def _write_sync(self, data: bytes, pos: int) -> None:
-        end = pos + len(data)
+    def _write_sync(self, pieces: list[bytes], pos: int, size: int) -> None:
+        end = pos + size
         while end + RECORD_HEADER.size > self._allocated:
             self._preallocate(_ZERO_STEP_BYTES)
         assert self._file is not None
-        self._file.append(data, pos)
+        self._file.append(pieces, pos)
         os.fdatasync(self._fd)
         self._stats["fsyncs"] += 1
         if self._allocated - end < self.config.journal_preallocate_bytes:
@@ -303,7 +308,7 @@ class Journal:
             # between leaves a recycled file, never a journal file with a stale header.
             fd, direct = open_file(recycled[0], os.O_RDWR, direct=direct)
             writer = BlockWriter(fd)
-            writer.append(header, 0)  # its block's old records become zeros
+            writer.append([header], 0)  # its block's old records become zeros
             os.fdatasync(fd)
             os.rename(recycled[0], path)
             size = os.fstat(fd).st_size
@@ -312,7 +317,7 @@ class Journal:
         else:
             fd, direct = open_file(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, direct=direct)
             writer = BlockWriter(fd)
-            writer.append(header, 0)
+            writer.append([header], 0)
             allocated = BLOCK_BYTES
             self._stats["files_created"] += 1
         if self.config.journal_direct_io and not direct and "direct_io" not in self._stats:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from xxhash import xxh3_64_intdigest
+from xxhash import xxh3_64, xxh3_64_intdigest
 
 MAGIC = b"BKAIOJNL"
 FORMAT_VERSION = 1
@@ -79,10 +79,18 @@ def file_header(seq: int) -> bytes:
     return FILE_HEADER.pack(MAGIC, FORMAT_VERSION, seq)
 
 
+def record_head(seq: int, rtype: int, body: bytes) -> bytes:
+    """What precedes ``body`` in its record of file ``seq`` (length, checksum, type): the
+    journal writes the two pieces without joining them (a batch's body is copied once)."""
+    kind = bytes((rtype,))
+    digest = xxh3_64(kind, seq)
+    digest.update(body)
+    return RECORD_HEADER.pack(len(body) + 1, digest.intdigest()) + kind
+
+
 def encode_record(seq: int, rtype: int, body: bytes) -> bytes:
     """One record of file ``seq``."""
-    data = bytes((rtype,)) + body
-    return RECORD_HEADER.pack(len(data), xxh3_64_intdigest(data, seq)) + data
+    return record_head(seq, rtype, body) + body
 
 
 class ScanResult(NamedTuple):
