@@ -18,8 +18,9 @@ with zeros, and the next append rewrites that block with more data. Rewriting a 
 bytes it held plus new ones is what the page cache does on writeback too: a torn write leaves
 each sector old or new, and the old bytes are the same in both.
 
-A file system without O_DIRECT (tmpfs) refuses the open with EINVAL: :func:`open_file` then opens
-the file buffered, and the same whole-block writes go through the page cache.
+A file system without O_DIRECT (tmpfs before Linux 6.6, some FUSE file systems) refuses the
+open with EINVAL: :func:`open_file` then opens the file buffered, and the same whole-block writes
+go through the page cache.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def open_file(path: str | os.PathLike[str], flags: int, mode: int = 0o644, *,
 
 
 def supports_direct_io(directory: str) -> bool:
-    """True if files in ``directory`` can be opened with O_DIRECT (not on tmpfs)."""
+    """True if files in ``directory`` can be opened with O_DIRECT."""
     path = os.path.join(directory, ".direct-io-probe")
     fd, direct = open_file(path, os.O_CREAT | os.O_RDWR)
     os.close(fd)

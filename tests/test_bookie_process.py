@@ -105,11 +105,14 @@ async def test_kill_9_after_checkpoints_and_journal_file_reuse(tmp_path):
         assert recycled - {p.name for p in (tmp_path / "journal").glob("recycled-*")}
         bookie.kill()  # the last round is in the journal (a reused file), maybe not in SSTs
         bookie.start()
-        replayed = re.findall(r"(\d+) journal records replayed", bookie.log.read_text())
-        assert int(replayed[-1]) > 0, replayed
         for ledger_id, entries in acked.items():
             assert len(entries) == (16_000 if ledger_id == 7 else 8_000)
             await read_back(bookie.address, ledger_id, entries)
+        # Usually the tail of the last round comes back from the reused file; a checkpoint
+        # that started after the last write and finished before the kill (one every 0.2 s)
+        # leaves nothing to replay, and then the SSTs alone held it: read back above.
+        replayed = re.findall(r"(\d+) journal records replayed", bookie.log.read_text())
+        assert len(replayed) == 2, replayed
     finally:
         bookie.kill()
 

@@ -78,8 +78,8 @@ def test_zero_fill_writes_real_zeros_over_old_bytes(tmp_path):
 
 def test_direct_where_supported_and_buffered_where_refused(tmp_path, monkeypatch):
     fd, direct = open_file(tmp_path / "a", os.O_CREAT | os.O_RDWR)
+    assert _direct(fd) == direct == direct_io.supports_direct_io(str(tmp_path))  # ext4: True
     os.close(fd)
-    assert direct and direct_io.supports_direct_io(str(tmp_path))  # ext4 and tmpfs both do
     fd, direct = open_file(tmp_path / "b", os.O_CREAT | os.O_RDWR, direct=False)
     assert not direct and not _direct(fd)
     os.close(fd)
