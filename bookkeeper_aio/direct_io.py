@@ -88,13 +88,11 @@ class BlockWriter:
     block is written as zeros. Not thread-safe: one thread writes.
     """
 
-    def __init__(self, fd: int, pos: int = 0, head: bytes = b"") -> None:
-        """Start appending at ``pos``; ``head`` is what the file holds from ``pos``'s block
-        start up to ``pos`` (rewritten with the first append)."""
-        assert len(head) == pos % BLOCK_BYTES
+    def __init__(self, fd: int) -> None:
+        """Start appending at offset 0 of ``fd``."""
         self._fd = fd
-        self._block_start = pos - len(head)
-        self._head = bytes(head)
+        self._block_start = 0  # where the partial block the next append rewrites starts
+        self._head = b""  # that block's bytes so far
         self._buf = mmap.mmap(-1, 1 << 20)
 
     @property

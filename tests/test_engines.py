@@ -155,7 +155,7 @@ def test_rocksdb_refuses_a_dir_with_the_old_info_keys(tmp_path: Path) -> None:
 def test_rocksdb_writes_its_ssts_around_the_page_cache(tmp_path: Path, direct: bool) -> None:
     e = RocksDBEngine(str(tmp_path), wal=False, direct_io=direct)
     e.put_entries(1, [(i, os.urandom(1000)) for i in range(100)])
-    e.sync()  # without the WAL: a memtable flush, written O_DIRECT
+    e.sync()  # without the WAL: a memtable flush (O_DIRECT when asked)
     e.close()
     (options,) = tmp_path.glob("OPTIONS-*")
     assert f"use_direct_io_for_flush_and_compaction={str(direct).lower()}" in options.read_text()
