@@ -47,7 +47,7 @@ def open_kind(kind: str, path: str, disk: MemoryDisk | None = None) -> Engine:
             snapshot_interval_bytes=256 << 10,
         )
     assert kind in ("rocksdb", "rocksdb-nowal")
-    return RocksDBEngine(path, write_batch_bytes_max=64 << 10, wal=kind == "rocksdb")
+    return RocksDBEngine(path, wal=kind == "rocksdb")
 
 
 @dataclass
