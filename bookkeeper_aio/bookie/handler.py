@@ -33,10 +33,8 @@ from ..digest import (
     LAC_RECORD_ENTRY_ID,
     MASTER_KEY_BYTES,
     LacProof,
-    header_digest,
+    checked_entry_record,
     lac_digest,
-    pack_entry_record,
-    payload_digest,
     unpack_entry_record,
 )
 from ..engine import Engine
@@ -259,20 +257,22 @@ class RequestHandler:
             return self._refused([StatusCode.BAD_REQUEST] * len(entries)), []
         refuse_all = StatusCode.READ_ONLY if self.read_only and not recovery else None
         statuses: list[StatusCode] = []
-        checked: list[tuple[int, int, int, int, bytes]] = []  # eid, lac, pdigest, digest, data
+        stored: list[tuple[int, bytes]] = []  # (entry id, record) of the entries that passed
+        best: tuple[int, int, int, int] | None = None  # the passing entry with the highest LAC
+        check = checked_entry_record
         for eid, lac, payload, digest in entries:
             if eid < 0 or (lac >= eid and not recovery):  # a writer's LAC is below its entry
                 statuses.append(StatusCode.BAD_REQUEST)
             elif refuse_all is not None:
                 statuses.append(refuse_all)
+            elif (checked := check(lid, eid, lac, payload, digest)) is None:
+                statuses.append(StatusCode.BAD_DIGEST)
             else:
-                pdigest = payload_digest(payload)
-                if header_digest(lid, eid, lac, pdigest) != digest:
-                    statuses.append(StatusCode.BAD_DIGEST)
-                else:
-                    statuses.append(OK)
-                    checked.append((eid, lac, pdigest, digest, payload))
-        if not checked:
+                statuses.append(OK)
+                stored.append((eid, checked[1]))
+                if best is None or lac > best[1]:
+                    best = (eid, lac, checked[0], digest)
+        if best is None:
             return self._refused(statuses), []
         state = self.ledger(lid)
         refusal = None
@@ -285,18 +285,11 @@ class RequestHandler:
             refusal = StatusCode.FENCED
         if refusal is not None:
             return self._refused([refusal if s is OK else s for s in statuses]), []
-        if len(checked) < len(statuses):
+        if len(stored) < len(statuses):
             self._refused(statuses)
-        stored: list[tuple[int, bytes]] = []
-        best = checked[0]
-        for entry in checked:
-            eid, lac, pdigest, digest, payload = entry
-            stored.append((eid, pack_entry_record(lac, pdigest, digest, payload)))
-            if lac > best[1]:
-                best = entry
         self.engine.put_entries(lid, stored)
         self.counters["adds"] += len(stored)
-        if state.offer_lac(LacProof(best[0], best[1], best[2], best[3])):
+        if state.offer_lac(LacProof(*best)):
             state.wake_waiters()
         # BP-46 without the journal: the replicas and the limbo protocol make up for a crash
         # that loses what the engine had not synced.
