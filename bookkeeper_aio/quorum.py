@@ -106,6 +106,20 @@ class AckSet:
             self._failed &= ~(1 << index)
         return self._acked.bit_count() >= self.ack_quorum
 
+    @staticmethod
+    def add_acks(acks: list[AckSet], index: int) -> None:
+        """:meth:`add_ack` from ``index`` on each of ``acks`` (one answer to a batch of adds).
+
+        The loop of ``add_ack`` calls inlined: a writer runs it for every add and every
+        member's answer, and a method call per add and answer cost ~0.1 µs.
+        """
+        bit = 1 << index
+        keep = ~bit
+        for ack in acks:
+            if index in ack.write_set:
+                ack._acked |= bit
+                ack._failed &= keep
+
     def fail(self, index: int) -> bool:
         """Record that ``index`` failed this add; True if the ensemble must change for it.
 

@@ -95,6 +95,25 @@ def test_ack_set_matches_a_set_model(q, entry_id, steps, gwq):
         assert ack_set.releasable == (len(acked) >= (w if gwq else a))
 
 
+@given(quorums(), st.lists(st.tuples(st.integers(0, 100), ops), max_size=6), st.integers(0, 7))
+def test_add_acks_is_add_ack_on_each(q, adds, index):
+    """The writer's batched ack equals one add_ack per add, whatever state each add is in."""
+    e, w, a = q
+    one_by_one, batched = [], []
+    for entry_id, steps in adds:
+        pair = [AckSet(write_set(entry_id, e, w), a) for _ in range(2)]
+        for op, i in steps:  # the same history on both
+            for ack_set in pair:
+                {"ack": ack_set.add_ack, "remove": ack_set.remove, "fail": ack_set.fail}[op](i)
+        one_by_one.append(pair[0])
+        batched.append(pair[1])
+    for ack_set in one_by_one:
+        ack_set.add_ack(index)
+    AckSet.add_acks(batched, index)
+    for x, y in zip(one_by_one, batched, strict=True):
+        assert (x.acked, x.failed, x.completed) == (y.acked, y.failed, y.completed)
+
+
 def test_an_ensemble_change_discards_the_replaced_bookies_ack():
     ack_set = AckSet((1, 2, 3), 2)
     assert not ack_set.add_ack(1) and ack_set.add_ack(2)

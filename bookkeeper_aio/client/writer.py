@@ -113,6 +113,7 @@ class LedgerWriter:
         # while add_batches_in_flight_max requests to its bookie are unanswered.
         self._fresh: list[_PendingAdd] = []
         self._fresh_bytes = 0
+        self._backlog_credit = 0  # bytes every bookie's backlog can still take (_has_room)
         self._queued: dict[int, list[_PendingAdd]] = {}
         self._queued_bytes: dict[int, int] = {}
         self._flush_handle: asyncio.Handle | None = None
@@ -151,6 +152,7 @@ class LedgerWriter:
                          self._aq, self._loop.create_future())  # fmt: skip
         self._pending.append(op)
         self._pending_bytes += len(payload)
+        self._backlog_credit -= len(payload) + FRAMING_BYTES_PER_ADD
         self._queue_fresh(op)
         self._idle = False
         self._lac_sent = max(self._lac_sent, lac)
@@ -194,19 +196,26 @@ class LedgerWriter:
             or self._pending_bytes + size > cfg.adds_pending_bytes_max
         ):
             return False
+        if size <= self._backlog_credit:
+            return True
         # A slow bookie beyond the ack quorum holds up no completion, yet its unanswered
         # frames pile up: wait for it too (BookKeeper's waitForWriteSet), or memory grows.
         # Adds not sent yet count with their framing, as the backlog will once they are sent.
         backlog, queued, held = self.ctx.pool.backlog_bytes, self._queued_bytes, self._queued
         fresh = self._fresh_bytes + FRAMING_BYTES_PER_ADD * len(self._fresh)
-        limit = cfg.bookie_backlog_bytes_max - size
+        limit = cfg.bookie_backlog_bytes_max
+        headroom, used_anywhere = limit, False
         for index, bookie in enumerate(self._ensemble):
             used = backlog(bookie) + fresh
             if index in queued:
                 used += queued[index] + FRAMING_BYTES_PER_ADD * len(held[index])
-            if used and used > limit:
-                return False
-        return True
+            if used:
+                headroom, used_anywhere = min(headroom, limit - used), True
+        # The appends that follow spend this credit instead of asking every bookie again
+        # (8 % of a writer's CPU at 1000 adds outstanding); _flush and _send reset it, so it
+        # is never older than this loop turn, as the adds of other writers not sent yet are.
+        self._backlog_credit = headroom
+        return size <= headroom or not used_anywhere
 
     async def close(self) -> None:
         """Drain pending adds, then CAS the metadata to CLOSED at the LAC.
@@ -281,6 +290,7 @@ class LedgerWriter:
             return  # re-sent to the replacement once the ensemble change is committed
         if op in self._fresh:
             return  # a new add not flushed yet: the flush sends it to its whole write set
+        self._backlog_credit = 0
         queued = self._queued.get(index)
         if queued is None:
             self._queued[index] = [op]
@@ -294,6 +304,7 @@ class LedgerWriter:
             self._flush()  # every index, so that identical batches are still packed once
 
     def _flush(self) -> None:
+        self._backlog_credit = 0
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -380,12 +391,9 @@ class LedgerWriter:
             and result.status == StatusCode.OK
             and len(result.statuses) == len(ops)
             and self._ensemble[index] == bookie
-        ):  # the common case, inlined: what _on_add does for each OK, completing once
-            acked = False
-            for op in ops:
-                if not op.future.done() and op.add_ack(index):
-                    acked = True
-            if acked:
+        ):  # the common case: what _on_add does for each OK, completing once
+            AckSet.add_acks(ops, index)  # acks of adds completed already change nothing
+            if self._pending and self._pending[0].completed:
                 self._complete_in_order()
         elif type(result) is AddBatchResponse and len(result.statuses) == len(ops):
             for op, status in zip(ops, result.statuses, strict=True):
@@ -508,6 +516,7 @@ class LedgerWriter:
         )  # fmt: skip
         log.info("ledger %d: ensemble %s -> %s", self.ledger_id, self._ensemble, new)
         self._ensemble = new
+        self._backlog_credit = 0  # the replacements' backlogs are not in it
 
     def _resend(self, replaced: dict[int, str]) -> None:
         for index in replaced:  # adds held for the old bookie: all pending ones go again
