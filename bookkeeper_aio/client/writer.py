@@ -113,7 +113,8 @@ class LedgerWriter:
         # while add_batches_in_flight_max requests to its bookie are unanswered.
         self._fresh: list[_PendingAdd] = []
         self._fresh_bytes = 0
-        self._backlog_credit = 0  # bytes every bookie's backlog can still take (_has_room)
+        # Bytes every bookie's backlog can still take (_has_room); -1: unknown, ask them.
+        self._backlog_credit = -1
         self._queued: dict[int, list[_PendingAdd]] = {}
         self._queued_bytes: dict[int, int] = {}
         self._flush_handle: asyncio.Handle | None = None
@@ -290,7 +291,7 @@ class LedgerWriter:
             return  # re-sent to the replacement once the ensemble change is committed
         if op in self._fresh:
             return  # a new add not flushed yet: the flush sends it to its whole write set
-        self._backlog_credit = 0
+        self._backlog_credit = -1
         queued = self._queued.get(index)
         if queued is None:
             self._queued[index] = [op]
@@ -304,7 +305,7 @@ class LedgerWriter:
             self._flush()  # every index, so that identical batches are still packed once
 
     def _flush(self) -> None:
-        self._backlog_credit = 0
+        self._backlog_credit = -1
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -516,7 +517,7 @@ class LedgerWriter:
         )  # fmt: skip
         log.info("ledger %d: ensemble %s -> %s", self.ledger_id, self._ensemble, new)
         self._ensemble = new
-        self._backlog_credit = 0  # the replacements' backlogs are not in it
+        self._backlog_credit = -1  # the replacements' backlogs are not in it
 
     def _resend(self, replaced: dict[int, str]) -> None:
         for index in replaced:  # adds held for the old bookie: all pending ones go again
