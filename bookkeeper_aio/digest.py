@@ -92,15 +92,12 @@ def pack_entry_record(lac: int, pdigest: int, digest: int, payload: bytes) -> by
 def checked_entry_record(
     ledger_id: int, entry_id: int, lac: int, payload: bytes, digest: int
 ) -> tuple[int, bytes] | None:
-    """(payload digest, stored record) of an entry whose ``digest`` is right, else None.
-
-    What a bookie does for every add: :func:`payload_digest`, :func:`header_digest` and
-    :func:`pack_entry_record` in one call (one call instead of three per entry: ~0.1 µs).
-    """
-    pdigest = xxh3_64_intdigest(payload)
-    if xxh3_64_intdigest(_HEADER.pack(ledger_id, entry_id, lac, pdigest)) != digest:
+    """(payload digest, stored record) of an entry whose ``digest`` is right, else None:
+    what a bookie checks and stores for every add."""
+    pdigest = payload_digest(payload)
+    if header_digest(ledger_id, entry_id, lac, pdigest) != digest:
         return None
-    return pdigest, ENTRY_RECORD_HEADER.pack(lac, pdigest, digest) + payload
+    return pdigest, pack_entry_record(lac, pdigest, digest, payload)
 
 
 def unpack_entry_record(record: bytes) -> tuple[int, int, int, bytes]:

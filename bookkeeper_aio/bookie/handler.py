@@ -259,13 +259,12 @@ class RequestHandler:
         statuses: list[StatusCode] = []
         stored: list[tuple[int, bytes]] = []  # (entry id, record) of the entries that passed
         best: tuple[int, int, int, int] | None = None  # the passing entry with the highest LAC
-        check = checked_entry_record
         for eid, lac, payload, digest in entries:
             if eid < 0 or (lac >= eid and not recovery):  # a writer's LAC is below its entry
                 statuses.append(StatusCode.BAD_REQUEST)
             elif refuse_all is not None:
                 statuses.append(refuse_all)
-            elif (checked := check(lid, eid, lac, payload, digest)) is None:
+            elif (checked := checked_entry_record(lid, eid, lac, payload, digest)) is None:
                 statuses.append(StatusCode.BAD_DIGEST)
             else:
                 statuses.append(OK)
