@@ -37,7 +37,7 @@ _HEADER = struct.Struct(">qqqQ")
 ENTRY_RECORD_HEADER = struct.Struct(">qQQ")
 
 
-def payload_digest(payload: bytes) -> int:
+def payload_digest(payload: bytes | memoryview) -> int:
     """XXH3_64 of the payload."""
     return xxh3_64_intdigest(payload)
 
@@ -89,15 +89,15 @@ def pack_entry_record(lac: int, pdigest: int, digest: int, payload: bytes) -> by
     return ENTRY_RECORD_HEADER.pack(lac, pdigest, digest) + payload
 
 
-def checked_entry_record(
-    ledger_id: int, entry_id: int, lac: int, payload: bytes, digest: int
-) -> tuple[int, bytes] | None:
-    """(payload digest, stored record) of an entry whose ``digest`` is right, else None:
-    what a bookie checks and stores for every add."""
-    pdigest = payload_digest(payload)
-    if header_digest(ledger_id, entry_id, lac, pdigest) != digest:
-        return None
-    return pdigest, pack_entry_record(lac, pdigest, digest, payload)
+def record_ok(ledger_id: int, entry_id: int, lac: int, pdigest: int, digest: int,
+              record: bytes) -> bool:  # fmt: skip
+    """True if a stored-form ``record`` (header ``lac, pdigest, digest``, then the payload)
+    is intact: its payload hashes to ``pdigest`` and the header to ``digest``. What a bookie
+    checks for every add."""
+    return (
+        payload_digest(memoryview(record)[ENTRY_RECORD_HEADER.size :]) == pdigest
+        and header_digest(ledger_id, entry_id, lac, pdigest) == digest
+    )
 
 
 def unpack_entry_record(record: bytes) -> tuple[int, int, int, bytes]:

@@ -9,9 +9,9 @@ import pytest
 
 from bookkeeper_aio.bookie.handler import RequestHandler, to_ranges
 from bookkeeper_aio.bookie.journal import REC_ENTRIES, REC_ENTRY, REC_FENCE, REC_MASTER_KEY
-from bookkeeper_aio.bookie.records import replay_into
+from bookkeeper_aio.bookie.records import LEDGER_KEY, replay_into
 from bookkeeper_aio.config import BookieConfig
-from bookkeeper_aio.digest import LacProof, entry_digest, lac_digest, master_key
+from bookkeeper_aio.digest import LacProof, entry_digest, lac_digest, master_key, payload_digest
 from bookkeeper_aio.errors import StatusCode
 from bookkeeper_aio.protocol import (
     ADD_FLAG_RECOVERY,
@@ -24,6 +24,7 @@ from bookkeeper_aio.protocol import (
     ReadLacRequest,
     ReadRequest,
     WriteLacRequest,
+    pack_add_entries,
 )
 from engines.memory import MemoryEngine
 
@@ -45,8 +46,8 @@ class ManualJournal:
     def sync(self, exc: BaseException | None = None) -> None:
         pending, self.pending = self.pending, []
         for rtype, body, cb in pending:
-            if exc is None:
-                self.durable.append((rtype, body))
+            if exc is None:  # as the journal writes it: pieces joined
+                self.durable.append((rtype, b"".join(body) if type(body) is tuple else body))
             cb(exc)
 
 
@@ -98,8 +99,8 @@ def batch(h: Harness, entries, *, flags=0, key=KEY, sync=True):
     wire = []
     for entry_id, payload, *digest in entries:
         d = digest[0] if digest else entry_digest(L, entry_id, entry_id - 1, payload)
-        wire.append([entry_id, entry_id - 1, payload, d])
-    return h.send(AddBatchRequest, L, flags, key, wire, sync=sync)
+        wire.append((entry_id, entry_id - 1, payload_digest(payload), d, payload))
+    return h.send(AddBatchRequest, L, flags, key, pack_add_entries(wire), sync=sync)
 
 
 def test_a_batch_is_answered_once_after_its_last_entry_is_durable():
@@ -133,6 +134,32 @@ def test_a_batch_answers_each_entry_and_stores_only_the_good_ones():
     assert batch(h, [(5, b"x"), (6, b"y")]).statuses == [StatusCode.FENCED] * 2
     recovered = batch(h, [(5, b"x"), (6, b"y")], flags=ADD_FLAG_RECOVERY)
     assert recovered.statuses == [StatusCode.OK] * 2
+
+
+def test_a_batch_journals_the_requests_own_bytes_unless_an_entry_failed():
+    h = Harness()
+    h.add(0)
+    wire = [(e, e - 1, payload_digest(p), entry_digest(L, e, e - 1, p), p)
+            for e, p in [(1, b"one"), (2, b"two")]]  # fmt: skip
+    packed = pack_add_entries(wire)
+    h.send(AddBatchRequest, L, 0, KEY, packed)
+    assert h.journal.durable[-1] == (REC_ENTRIES, LEDGER_KEY.pack(L) + packed)
+    # With a bad entry the record holds only the stored ones: a replay never stores it.
+    batch(h, [(3, b"ok"), (4, b"bad", entry_digest(L, 4, 3, b"other"))])
+    replayed = MemoryEngine()
+    replay_into(replayed, h.journal.durable)
+    assert replayed.get_entry(L, 3) == h.engine.get_entry(L, 3) is not None
+    assert replayed.get_entry(L, 4) is None
+
+
+@pytest.mark.parametrize("cut", [1, 11, 12, 35, 36])
+def test_a_batch_whose_entries_do_not_parse_is_refused_whole(cut):
+    h = Harness()
+    packed = pack_add_entries([(0, -1, payload_digest(b"p"), entry_digest(L, 0, -1, b"p"), b"p")])
+    reply = h.send(AddBatchRequest, L, 0, KEY, packed + packed[:cut])
+    assert reply.status == StatusCode.BAD_REQUEST and "AddBatchRequest" in reply.message
+    assert h.engine.get_ledger(L) is None and h.journal.durable == []
+    assert h.add(0).status == StatusCode.OK  # and the handler goes on
 
 
 def test_a_journal_failure_fails_every_journaled_entry_of_a_batch():

@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bookkeeper_aio.bookie import journal as journal_mod
-from bookkeeper_aio.bookie.journal import REC_ENTRY, REC_FENCE, Journal
+from bookkeeper_aio.bookie.journal import REC_ENTRIES, REC_ENTRY, REC_FENCE, Journal
 from bookkeeper_aio.bookie.journal_format import (
     FILE_HEADER,
+    RECORD_HEADER,
     encode_record,
     file_header,
     list_files,
@@ -66,6 +67,16 @@ async def test_records_are_durable_in_order_and_group_committed(tmp_path):
     assert order == list(range(2000))
     assert stats["fsyncs"] < 200, stats  # thousands of records, few fsyncs: group commit
     assert replayed(tmp_path) == records
+
+
+async def test_a_body_in_pieces_is_one_record(tmp_path):
+    j = Journal(tmp_path, config())
+    await j.start()
+    pieces = (b"ledger", b"", os.urandom(5000), b"tail")
+    assert await append_all(j, [(REC_ENTRIES, pieces), (REC_ENTRY, b"after")]) == [None, None]
+    assert j.statistics()["bytes"] == 2 * (RECORD_HEADER.size + 1) + 5010 + 5
+    await j.close()
+    assert replayed(tmp_path) == [(REC_ENTRIES, b"".join(pieces)), (REC_ENTRY, b"after")]
 
 
 async def test_batches_respect_the_byte_bound(tmp_path):

@@ -10,9 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bookkeeper_aio.digest import LacProof
+from bookkeeper_aio.digest import LacProof, pack_entry_record
 from bookkeeper_aio.errors import FrameTooLargeError, ProtocolError
 from bookkeeper_aio.protocol import (
+    ADD_ENTRY_HEAD,
+    PACKED_ENTRY_PREFIX,
     AddBatchRequest,
     AddBatchResponse,
     AddRequest,
@@ -36,6 +38,8 @@ from bookkeeper_aio.protocol import (
     WriteLacResponse,
     decode_all,
     encode,
+    pack_add_entries,
+    unpack_add_entries,
 )
 
 i64 = st.integers(-(2**63), 2**63 - 1)
@@ -64,9 +68,7 @@ MESSAGES = st.one_of(
     st.builds(ListEntriesResponse, i64, i64, i64, ranges, i64),
     st.builds(BookieInfoResponse, i64, i64, i64, i64, st.booleans(), text),
     st.builds(ErrorResponse, i64, i64, text),
-    st.builds(
-        AddBatchRequest, i64, i64, i64, blob, st.lists(st.tuples(i64, i64, blob, u64).map(list))
-    ),
+    st.builds(AddBatchRequest, i64, i64, i64, blob, blob),
     st.builds(AddBatchResponse, i64, i64, i64, st.lists(i64)),
 )
 
@@ -151,3 +153,45 @@ def test_oversize_strings_are_refused():
     body = msgpack.packb([1, 3, 1, "x" * 70_000])
     (bad,) = decode_all(frame(body))
     assert type(bad) is BadFrame
+
+
+ENTRIES = st.lists(st.tuples(i64, i64, u64, u64, blob), max_size=8)
+
+
+@given(ENTRIES)
+def test_packed_entries_unpack_to_their_stored_records(entries):
+    packed = pack_add_entries(entries)
+    assert unpack_add_entries(packed) == [
+        (e, lac, pd, d, pack_entry_record(lac, pd, d, p)) for e, lac, pd, d, p in entries
+    ]
+    assert len(packed) == sum(ADD_ENTRY_HEAD.size + len(p) for *_, p in entries)
+
+
+@given(ENTRIES.filter(bool), st.data())
+def test_packed_entries_cut_anywhere_but_between_entries_are_refused(entries, data):
+    packed = pack_add_entries(entries)
+    bounds = {len(pack_add_entries(entries[:i])) for i in range(len(entries) + 1)}
+    cut = data.draw(st.integers(0, len(packed)))
+    if cut in bounds:
+        assert len(unpack_add_entries(packed[:cut])) == sorted(bounds).index(cut)
+    else:
+        with pytest.raises(ValueError):
+            unpack_add_entries(packed[:cut])
+
+
+@given(st.binary(max_size=300))
+def test_garbage_packed_entries_parse_or_raise_value_error(data):
+    try:
+        entries = unpack_add_entries(data)
+    except ValueError:
+        return
+    assert sum(PACKED_ENTRY_PREFIX.size + len(e[4]) for e in entries) == len(data)
+
+
+@pytest.mark.parametrize("size", [0, 255, 256, 65535, 65536, 300_000])
+def test_a_shared_frame_ending_in_bytes_of_any_size_is_the_plain_frame(size):
+    msg = AddBatchRequest(9, 7, 0, b"k" * 20, bytes(size))
+    encoder = FrameEncoder()
+    shared = SharedFrame(AddBatchRequest, *msg[1:]).pieces(encoder.packer, 9)
+    assert shared[-1] is msg.entries  # the entries are sent as they are, not copied
+    assert b"".join(shared) == encoder.encode(msg)

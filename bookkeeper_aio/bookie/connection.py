@@ -144,7 +144,7 @@ class BookieConnection(asyncio.Protocol):
             return
         size = (
             len(msg.payload) if type(msg) is AddRequest
-            else sum(len(e[2]) for e in msg.entries) if type(msg) is AddBatchRequest
+            else len(msg.entries) if type(msg) is AddBatchRequest
             else 0
         )  # fmt: skip
         if (

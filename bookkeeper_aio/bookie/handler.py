@@ -33,8 +33,10 @@ from ..digest import (
     LAC_RECORD_ENTRY_ID,
     MASTER_KEY_BYTES,
     LacProof,
-    checked_entry_record,
     lac_digest,
+    pack_entry_record,
+    payload_digest,
+    record_ok,
     unpack_entry_record,
 )
 from ..engine import Engine
@@ -49,6 +51,7 @@ from ..protocol import (
     AddResponse,
     BookieInfoRequest,
     BookieInfoResponse,
+    ErrorResponse,
     ListEntriesRequest,
     ListEntriesResponse,
     Message,
@@ -58,10 +61,19 @@ from ..protocol import (
     ReadResponse,
     WriteLacRequest,
     WriteLacResponse,
+    unpack_add_entries,
 )
-from .journal import REC_ENTRY, REC_EXPLICIT_LAC, REC_FENCE, REC_LIMBO, REC_MASTER_KEY
+from .journal import (
+    REC_ENTRIES,
+    REC_ENTRY,
+    REC_EXPLICIT_LAC,
+    REC_FENCE,
+    REC_LIMBO,
+    REC_MASTER_KEY,
+    Body,
+)
 from .ledger_state import LedgerState, LedgerView, pack_proof
-from .records import entries_record, entry_body, ledger_body, limbo_body
+from .records import LEDGER_KEY, entries_record, entry_body, ledger_body, limbo_body
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +86,7 @@ class JournalSink(Protocol):
     """What the handler needs from the journal (``journal.Journal``; the simulator's own)."""
 
     def append(
-        self, rtype: int, body: bytes, callback: Callable[[BaseException | None], None]
+        self, rtype: int, body: Body, callback: Callable[[BaseException | None], None]
     ) -> None: ...
 
 
@@ -211,7 +223,9 @@ class RequestHandler:
 
     def _add(self, req: AddRequest, reply: Reply) -> None:
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
-        entry = (eid, req.lac, req.payload, req.digest)
+        pdigest = payload_digest(req.payload)
+        record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
+        entry = (eid, req.lac, pdigest, req.digest, record)
         statuses, journaled = self._store(lid, req.flags, req.master_key, (entry,))
         if not journaled:
             reply(AddResponse(rid, statuses[0], lid, eid))
@@ -226,7 +240,13 @@ class RequestHandler:
         """Each entry as :meth:`_add` would; one journal record for the stored ones and one
         answer once it is durable."""
         rid, lid = req.request_id, req.ledger_id
-        statuses, journaled = self._store(lid, req.flags, req.master_key, req.entries)
+        try:
+            entries = unpack_add_entries(req.entries)
+        except ValueError as exc:
+            self.counters["add_bad_request"] += 1
+            reply(ErrorResponse(rid, StatusCode.BAD_REQUEST, f"AddBatchRequest: {exc}"))
+            return
+        statuses, journaled = self._store(lid, req.flags, req.master_key, entries)
         if not journaled:
             reply(AddBatchResponse(rid, _first_failure(statuses), lid, statuses))
             return
@@ -237,17 +257,21 @@ class RequestHandler:
                 final = [StatusCode.IO_ERROR if s is OK else s for s in statuses]
             reply(AddBatchResponse(rid, _first_failure(final), lid, final))
 
-        self.journal.append(*entries_record(lid, journaled), durable)
+        if len(journaled) == len(entries):  # the request's bytes are the record's body
+            self.journal.append(REC_ENTRIES, (LEDGER_KEY.pack(lid), req.entries), durable)
+        else:
+            self.journal.append(*entries_record(lid, journaled), durable)
 
     def _store(
-        self, lid: int, flags: int, key: bytes, entries: Sequence[Sequence[Any]]
+        self, lid: int, flags: int, key: bytes, entries: Sequence[tuple[int, int, int, int, bytes]]
     ) -> tuple[list[StatusCode], list[tuple[int, bytes]]]:
-        """Check ``[entry_id, lac, payload, digest]`` entries of one ledger and put those that
-        pass into the engine. Returns each entry's status and the (entry id, record) pairs
-        that still have to be journaled before the answer (none without data journaling).
+        """Check ``(entry_id, lac, payload_digest, digest, record)`` entries of one ledger
+        and put those that pass into the engine. Returns each entry's status and the
+        (entry id, record) pairs that still have to be journaled before the answer (none
+        without data journaling).
 
         Per-entry checks come first (ids, the writer's LAC below its entry, read-only, the
-        digest), then the ledger's (its key, the fence): a batch whose every digest is wrong
+        digests), then the ledger's (its key, the fence): a batch whose every digest is wrong
         creates no ledger. A batch is checked as a whole before anything is stored, which is
         what checking its entries one by one would give: nothing between them can change
         the ledger's state.
@@ -259,18 +283,18 @@ class RequestHandler:
         statuses: list[StatusCode] = []
         stored: list[tuple[int, bytes]] = []  # (entry id, record) of the entries that passed
         best: tuple[int, int, int, int] | None = None  # the passing entry with the highest LAC
-        for eid, lac, payload, digest in entries:
+        for eid, lac, pdigest, digest, record in entries:
             if eid < 0 or (lac >= eid and not recovery):  # a writer's LAC is below its entry
                 statuses.append(StatusCode.BAD_REQUEST)
             elif refuse_all is not None:
                 statuses.append(refuse_all)
-            elif (checked := checked_entry_record(lid, eid, lac, payload, digest)) is None:
+            elif not record_ok(lid, eid, lac, pdigest, digest, record):
                 statuses.append(StatusCode.BAD_DIGEST)
             else:
                 statuses.append(OK)
-                stored.append((eid, checked[1]))
+                stored.append((eid, record))
                 if best is None or lac > best[1]:
-                    best = (eid, lac, checked[0], digest)
+                    best = (eid, lac, pdigest, digest)
         if best is None:
             return self._refused(statuses), []
         state = self.ledger(lid)

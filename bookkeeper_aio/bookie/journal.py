@@ -54,6 +54,7 @@ from .journal_format import (
     REC_LIMBO,
     REC_MASTER_KEY,
     RECORD_HEADER,
+    Body,
     JournalRecord,
     file_header,
     file_name,
@@ -71,6 +72,7 @@ __all__ = [
     "REC_FENCE",
     "REC_LIMBO",
     "REC_MASTER_KEY",
+    "Body",
     "Journal",
     "JournalRecord",
 ]
@@ -78,6 +80,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Callback = Callable[[BaseException | None], None]
+# A queued record: type, body pieces, body size, what to call once it is durable.
+_Queued = tuple[int, tuple[bytes, ...], int, Callback]
 CHECKPOINT_FILE = "checkpoint"
 _ZERO_STEP_BYTES = 1 << 20
 
@@ -97,7 +101,7 @@ class Journal:
         self.config = config
         self._on_pressure = on_pressure
         self._on_failure = on_failure
-        self._queue: collections.deque[tuple[int, bytes, Callback]] = collections.deque()
+        self._queue: collections.deque[_Queued] = collections.deque()
         self._queued_bytes = 0
         self._pressure = False
         self._wakeup = asyncio.Event()
@@ -184,7 +188,7 @@ class Journal:
 
     # --- append ---------------------------------------------------------------------------
 
-    def append(self, rtype: int, body: bytes, callback: Callback) -> None:
+    def append(self, rtype: int, body: Body, callback: Callback) -> None:
         """Queue a record; ``callback(None)`` once it is durable, ``callback(exc)`` on failure.
 
         Raises:
@@ -194,8 +198,10 @@ class Journal:
             raise JournalFailedError(f"journal failed: {self._failed}") from self._failed
         if self._closing or self._writer is None:
             raise JournalFailedError("journal is not running")
-        self._queue.append((rtype, body, callback))
-        self._queued_bytes += len(body) + RECORD_HEADER.size + 1
+        pieces = body if type(body) is tuple else (body,)
+        size = sum(map(len, pieces))
+        self._queue.append((rtype, pieces, size, callback))
+        self._queued_bytes += size + RECORD_HEADER.size + 1
         if not self._pressure and self._queued_bytes > self.config.journal_queue_bytes_max:
             self._set_pressure(True)
         self._wakeup.set()
@@ -224,39 +230,40 @@ class Journal:
             except BaseException as exc:
                 self._fail(exc, batch)
                 return
-            for _, _, callback in batch:
+            for *_, callback in batch:
                 callback(None)
 
-    def _take_batch(self) -> list[tuple[int, bytes, Callback]]:
+    def _take_batch(self) -> list[_Queued]:
         limit = self.config.journal_batch_bytes_max
-        batch: list[tuple[int, bytes, Callback]] = []
+        batch: list[_Queued] = []
         size = 0
-        while self._queue and (not batch or size + len(self._queue[0][1]) <= limit):
+        while self._queue and (not batch or size + self._queue[0][2] <= limit):
             item = self._queue.popleft()
             batch.append(item)
-            size += len(item[1]) + RECORD_HEADER.size + 1
+            size += item[2] + RECORD_HEADER.size + 1
         self._queued_bytes -= size
         if self._pressure and self._queued_bytes < self.config.journal_queue_bytes_max // 2:
             self._set_pressure(False)
         return batch
 
-    async def _write_batch(self, batch: list[tuple[int, bytes, Callback]]) -> None:
+    async def _write_batch(self, batch: list[_Queued]) -> None:
         if self._pos >= self.config.journal_file_bytes_max:
             await self._run(self._roll_over)
         seq = self._seq
         pieces: list[bytes] = []
         size = 0
-        for rtype, body, _ in batch:
-            head = record_head(seq, rtype, body)
-            pieces += (head, body)
-            size += len(head) + len(body)
+        for rtype, body, body_size, _ in batch:
+            head = record_head(seq, rtype, body, body_size)
+            pieces.append(head)
+            pieces += body
+            size += len(head) + body_size
         await self._run(self._write_sync, pieces, self._pos, size)
         self._pos += size
         self._stats["batches"] += 1
         self._stats["records"] += len(batch)
         self._stats["bytes"] += size
 
-    def _fail(self, exc: BaseException, batch: list[tuple[int, bytes, Callback]]) -> None:
+    def _fail(self, exc: BaseException, batch: list[_Queued]) -> None:
         self._failed = exc
         log.critical("journal failed, no further writes: %s", exc)
         error = JournalFailedError(f"journal write failed: {exc}")
@@ -264,7 +271,7 @@ class Journal:
         pending = batch + list(self._queue)
         self._queue.clear()
         self._queued_bytes = 0
-        for _, _, callback in pending:
+        for *_, callback in pending:
             callback(error)
         if self._on_failure is not None:
             self._on_failure(error)

@@ -79,18 +79,24 @@ def file_header(seq: int) -> bytes:
     return FILE_HEADER.pack(MAGIC, FORMAT_VERSION, seq)
 
 
-def record_head(seq: int, rtype: int, body: bytes) -> bytes:
-    """What precedes ``body`` in its record of file ``seq`` (length, checksum, type): the
-    journal writes the two pieces without joining them (a batch's body is copied once)."""
+# A record's body as the journal takes it: bytes, or pieces it writes without joining them.
+Body = bytes | tuple[bytes, ...]
+
+
+def record_head(seq: int, rtype: int, pieces: tuple[bytes, ...], size: int) -> bytes:
+    """What precedes a body (its ``pieces``, ``size`` bytes in all) in its record of file
+    ``seq``: length, checksum, type. The journal writes head and pieces without joining
+    them (a batch's bodies are copied once, into the write buffer)."""
     kind = bytes((rtype,))
     digest = xxh3_64(kind, seq)
-    digest.update(body)
-    return RECORD_HEADER.pack(len(body) + 1, digest.intdigest()) + kind
+    for piece in pieces:
+        digest.update(piece)
+    return RECORD_HEADER.pack(size + 1, digest.intdigest()) + kind
 
 
 def encode_record(seq: int, rtype: int, body: bytes) -> bytes:
     """One record of file ``seq``."""
-    return record_head(seq, rtype, body) + body
+    return record_head(seq, rtype, (body,), len(body)) + body
 
 
 class ScanResult(NamedTuple):

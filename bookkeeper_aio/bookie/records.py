@@ -7,7 +7,9 @@ Every change a client is told is durable goes through the journal first:
 
 * ``REC_ENTRY``        ledger id, entry id, then the stored entry record (LAC, digests, payload)
 * ``REC_ENTRIES``      ledger id, then per entry: entry id, record length (u32), the record —
-                       the entries of one batched add, one record (one header, one checksum)
+                       the entries of one batched add, one record (one header, one checksum);
+                       after the ledger id it is the add's packed entries as they came
+                       (``protocol.pack_add_entries``)
 * ``REC_MASTER_KEY``   ledger id, master key — written once, on a ledger's first add
 * ``REC_FENCE``        ledger id, master key — the fence must survive a crash before its reply
 * ``REC_EXPLICIT_LAC`` ledger id, packed LAC proof
@@ -24,6 +26,7 @@ import struct
 from collections.abc import Iterable
 
 from ..engine import Engine, LedgerInfo
+from ..protocol import PACKED_ENTRY_PREFIX, unpack_add_entries
 from .journal import (
     REC_ENTRIES,
     REC_ENTRY,
@@ -31,13 +34,13 @@ from .journal import (
     REC_FENCE,
     REC_LIMBO,
     REC_MASTER_KEY,
+    Body,
     JournalRecord,
 )
 from .ledger_state import unpack_proof
 
 ENTRY_KEY = struct.Struct(">qq")
 LEDGER_KEY = struct.Struct(">q")
-BATCHED_ENTRY = struct.Struct(">qI")  # entry id, record length
 
 
 def entry_body(ledger_id: int, entry_id: int, record: bytes) -> bytes:
@@ -45,16 +48,16 @@ def entry_body(ledger_id: int, entry_id: int, record: bytes) -> bytes:
     return ENTRY_KEY.pack(ledger_id, entry_id) + record
 
 
-def entries_record(ledger_id: int, entries: list[tuple[int, bytes]]) -> tuple[int, bytes]:
+def entries_record(ledger_id: int, entries: list[tuple[int, bytes]]) -> tuple[int, Body]:
     """The journal record (type, body) of stored entries of one ledger: ``REC_ENTRY`` for one,
-    ``REC_ENTRIES`` for several."""
+    ``REC_ENTRIES`` for several (its body in pieces, which the journal writes unjoined)."""
     if len(entries) == 1:
         return REC_ENTRY, entry_body(ledger_id, *entries[0])
-    pack = BATCHED_ENTRY.pack
+    pack = PACKED_ENTRY_PREFIX.pack
     parts = [LEDGER_KEY.pack(ledger_id)]
     for entry_id, record in entries:
         parts += (pack(entry_id, len(record)), record)
-    return REC_ENTRIES, b"".join(parts)
+    return REC_ENTRIES, tuple(parts)
 
 
 def unpack_entries(body: bytes) -> tuple[int, list[tuple[int, bytes]]]:
@@ -64,17 +67,8 @@ def unpack_entries(body: bytes) -> tuple[int, list[tuple[int, bytes]]]:
         ValueError: the body is truncated (it passed the journal's checksum: a bug, not a crash).
     """
     (ledger_id,) = LEDGER_KEY.unpack_from(body)
-    view, pos, found = memoryview(body), LEDGER_KEY.size, []
-    while pos < len(body):
-        if pos + BATCHED_ENTRY.size > len(body):
-            raise ValueError("truncated REC_ENTRIES journal record")
-        entry_id, size = BATCHED_ENTRY.unpack_from(body, pos)
-        pos += BATCHED_ENTRY.size
-        if pos + size > len(body):
-            raise ValueError("truncated REC_ENTRIES journal record")
-        found.append((entry_id, bytes(view[pos : pos + size])))
-        pos += size
-    return ledger_id, found
+    entries = unpack_add_entries(bytes(body), LEDGER_KEY.size)
+    return ledger_id, [(entry[0], entry[4]) for entry in entries]
 
 
 def ledger_body(ledger_id: int, data: bytes) -> bytes:

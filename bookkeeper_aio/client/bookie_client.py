@@ -223,9 +223,9 @@ class BookieClient(asyncio.Protocol):
         """:meth:`request_callback` for a request packed once for several bookies, written
         at once: its caller (the writer's end-of-turn flush) already batched it."""
         self._check_room()
-        head, tail = frame.pieces(self._encoder.packer, self._next_id)
-        self._register(callback, timeout_s, len(head) + len(tail))
-        self._out += (head, tail)
+        pieces = frame.pieces(self._encoder.packer, self._next_id)
+        self._register(callback, timeout_s, sum(map(len, pieces)))
+        self._out += pieces
         self._flush()  # saves a loop iteration per add when one add is outstanding
 
     def _check_room(self) -> None:

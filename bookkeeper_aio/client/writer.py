@@ -32,7 +32,7 @@ import logging
 from functools import partial
 from typing import Any
 
-from ..digest import LacProof, entry_digest
+from ..digest import LacProof, header_digest, payload_digest
 from ..errors import (
     BookKeeperError,
     LedgerClosedError,
@@ -45,34 +45,37 @@ from ..errors import (
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..metadata.store import update_ledger
 from ..protocol import (
+    ADD_ENTRY_HEAD,
     AddBatchRequest,
     AddBatchResponse,
     AddRequest,
     AddResponse,
     SharedFrame,
     WriteLacRequest,
+    add_entry_head,
 )
 from ..quorum import AckSet, write_set
 from .context import ClientContext
 
 log = logging.getLogger(__name__)
 OVERLOAD_RETRY_S = 0.01  # a bookie or connection at its in-flight bound: wait, resend
-# What [entry id, lac, payload, digest] packs to beyond the payload's own bytes, at most.
-FRAMING_BYTES_PER_ADD = 33
+# What an add takes in a batch beyond its payload (protocol.pack_add_entries).
+FRAMING_BYTES_PER_ADD = ADD_ENTRY_HEAD.size
 
 
 class _PendingAdd(AckSet):
     """An add in flight: its acknowledgements (an AckSet itself, not holding one: a writer
     keeps thousands of these, and each object is one more for the garbage collector)."""
 
-    __slots__ = ("digest", "entry_id", "future", "lac", "payload")
+    __slots__ = ("digest", "entry_id", "future", "head", "lac", "payload")
 
     def __init__(
-        self, entry_id: int, lac: int, payload: bytes, digest: int, write_set: tuple[int, ...],
-        ack_quorum: int, future: asyncio.Future[int],
+        self, entry_id: int, lac: int, payload: bytes, digest: int, head: bytes,
+        write_set: tuple[int, ...], ack_quorum: int, future: asyncio.Future[int],
     ) -> None:  # fmt: skip
         super().__init__(write_set, ack_quorum)
         self.entry_id, self.lac, self.payload, self.digest = entry_id, lac, payload, digest
+        self.head = head  # what precedes the payload in a batch (protocol.add_entry_head)
         self.future = future
 
 
@@ -148,9 +151,12 @@ class LedgerWriter:
         entry_id = self.last_add_pushed + 1
         self.last_add_pushed = entry_id
         lac = self.last_add_confirmed
-        digest = entry_digest(self.ledger_id, entry_id, lac, payload)
-        op = _PendingAdd(entry_id, lac, payload, digest, self._write_sets[entry_id % self._e],
-                         self._aq, self._loop.create_future())  # fmt: skip
+        pdigest = payload_digest(payload)
+        digest = header_digest(self.ledger_id, entry_id, lac, pdigest)
+        head = add_entry_head(entry_id, lac, pdigest, digest, len(payload))
+        op = _PendingAdd(entry_id, lac, payload, digest, head,
+                         self._write_sets[entry_id % self._e], self._aq,
+                         self._loop.create_future())  # fmt: skip
         self._pending.append(op)
         self._pending_bytes += len(payload)
         self._backlog_credit -= len(payload) + FRAMING_BYTES_PER_ADD
@@ -372,9 +378,11 @@ class LedgerWriter:
             op = ops[0]
             frame = SharedFrame(AddRequest, self.ledger_id, op.entry_id, 0, self._key, op.lac,
                                 op.payload, op.digest)  # fmt: skip
-        else:
-            entries = [[op.entry_id, op.lac, op.payload, op.digest] for op in ops]
-            frame = SharedFrame(AddBatchRequest, self.ledger_id, 0, self._key, entries)
+        else:  # protocol.pack_add_entries, from the heads packed once per add
+            parts: list[bytes] = []
+            for op in ops:
+                parts += (op.head, op.payload)
+            frame = SharedFrame(AddBatchRequest, self.ledger_id, 0, self._key, b"".join(parts))
         bookie = self._ensemble[index]
         self._batches_in_flight[bookie] = self._batches_in_flight.get(bookie, 0) + 1
         self.ctx.pool.send_shared(bookie, frame, partial(self._on_batch, ops, index, bookie))

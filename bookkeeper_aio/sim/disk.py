@@ -30,7 +30,7 @@ from engines.memory import MemoryDisk, MemoryEngine
 
 from ..bookie.cookie import CookieCheck
 from ..bookie.disk import DiskUsage
-from ..bookie.journal import JournalRecord
+from ..bookie.journal import Body, JournalRecord
 from ..bookie.records import replay_into
 from ..bookie.storage import BookieJournal, FailureCallback, PressureCallback
 from ..engine import Engine, LedgerInfo
@@ -70,8 +70,9 @@ class SimJournal:
     def replay(self) -> list[JournalRecord]:
         return list(self.disk.journal)
 
-    def append(self, rtype: int, body: bytes, callback: Callback) -> None:
-        self._queue.append((JournalRecord(rtype, bytes(body)), callback))
+    def append(self, rtype: int, body: Body, callback: Callback) -> None:
+        data = b"".join(body) if type(body) is tuple else bytes(body)
+        self._queue.append((JournalRecord(rtype, data), callback))
         if self._timer is None:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self.rng.uniform(*self.faults.fsync_s), self._commit)
