@@ -47,8 +47,20 @@ def add_client_arguments(p: argparse.ArgumentParser, *, outstanding: int = 1000)
         help="bookie processes to start (default: the ensemble size)",
     )
     p.add_argument("--engine", default="rocksdb", choices=("rocksdb", "files", "memory"))
+    p.add_argument(
+        "--bookie-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a BookieConfig key for the started bookies (their --set), repeatable",
+    )
     p.add_argument("--dir", metavar="DIR", help="where started servers and baselines write (tmp)")
     p.add_argument("--json", metavar="PATH", help="write the results here")
+
+
+def bookie_args(args: argparse.Namespace) -> list[str]:
+    """Extra command-line arguments for the bookies a mode starts (``--bookie-set``)."""
+    return [arg for item in args.bookie_set for arg in ("--set", item)]
 
 
 def bookie_count(args: argparse.Namespace) -> int:

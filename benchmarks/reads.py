@@ -22,7 +22,14 @@ from bookkeeper_aio.client.context import LedgerEntry
 
 from .cluster import target
 from .load import closed_loop, drive, payload_pool
-from .options import PASSWORD, add_client_arguments, bookie_count, client_config, quorum_label
+from .options import (
+    PASSWORD,
+    add_client_arguments,
+    bookie_args,
+    bookie_count,
+    client_config,
+    quorum_label,
+)
 from .stats import print_table, write_json
 from .writes import describe, open_writers, round_robin
 
@@ -77,7 +84,8 @@ async def measure_reads(uri: str, args: argparse.Namespace) -> dict[str, Any]:
 
 async def run_reads(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
     """The ``reads`` mode: print a table, write the JSON, return the results."""
-    async with target(args.metadata, args.dir, bookie_count(args), args.engine) as tgt:
+    bookies, extra = bookie_count(args), bookie_args(args)
+    async with target(args.metadata, args.dir, bookies, args.engine, *extra) as tgt:
         result = await measure_reads(tgt.uri, args)
     if not quiet:
         load = f"rate {args.rate:g}/s" if args.rate else f"{args.outstanding} outstanding"

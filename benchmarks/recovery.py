@@ -24,7 +24,14 @@ from bookkeeper_aio import BookKeeper
 
 from .cluster import target
 from .load import closed_loop, payload_pool
-from .options import PASSWORD, add_client_arguments, bookie_count, client_config, quorum_label
+from .options import (
+    PASSWORD,
+    add_client_arguments,
+    bookie_args,
+    bookie_count,
+    client_config,
+    quorum_label,
+)
 from .stats import latency_summary, print_table, write_json
 from .writes import describe, open_writers, round_robin
 
@@ -105,7 +112,8 @@ async def measure_recovery(uri: str, args: argparse.Namespace) -> dict[str, Any]
 
 async def run_recovery(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
     """The ``recovery`` mode: print a table, write the JSON, return the results."""
-    async with target(args.metadata, args.dir, bookie_count(args), args.engine) as tgt:
+    bookies, extra = bookie_count(args), bookie_args(args)
+    async with target(args.metadata, args.dir, bookies, args.engine, *extra) as tgt:
         result = await measure_recovery(tgt.uri, args)
     if not quiet:
         title = (

@@ -28,7 +28,14 @@ from bookkeeper_aio.errors import BookKeeperError
 
 from .cluster import target
 from .load import LoadResult, Send, closed_loop, drive, payload_pool
-from .options import PASSWORD, add_client_arguments, bookie_count, client_config, quorum_label
+from .options import (
+    PASSWORD,
+    add_client_arguments,
+    bookie_args,
+    bookie_count,
+    client_config,
+    quorum_label,
+)
 from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
 
@@ -107,7 +114,8 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
 
 async def run_writes(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
     """The ``writes`` mode: measure, then the peers; print a table; write the JSON."""
-    async with target(args.metadata, args.dir, bookie_count(args), args.engine) as tgt:
+    bookies, extra = bookie_count(args), bookie_args(args)
+    async with target(args.metadata, args.dir, bookies, args.engine, *extra) as tgt:
         result = await measure_writes(tgt.uri, args)
         if args.peers:
             result.update(await measure_peers(tgt.scratch, args, [args.outstanding]))

@@ -15,14 +15,20 @@ ENGINE_NAMES = ("rocksdb", "files", "memory")
 
 
 def open_engine(
-    name: str, ledger_dirs: Sequence[str], *, journaled: bool = False, direct_io: bool = True
+    name: str,
+    ledger_dirs: Sequence[str],
+    *,
+    journaled: bool = False,
+    direct_io: bool = True,
+    blob_files: bool = False,
 ) -> Engine:
     """Open the named engine over ``ledger_dirs`` (one engine per dir, sharded if several).
 
     ``journaled``: the caller's write-ahead journal holds every write and replays it after a
     crash, so an engine may skip its own (rocksdb: no WAL; ``sync()`` still makes everything
     durable). ``direct_io``: write around the page cache where the dir's file system allows it
-    (rocksdb: flushes and compactions; see bookkeeper_aio/direct_io.py).
+    (rocksdb: flushes and compactions; see bookkeeper_aio/direct_io.py). ``blob_files``:
+    rocksdb keeps payloads in blob files (engines/rocksdb.py); the other engines ignore it.
 
     Raises:
         ConfigError: unknown engine name or no ledger dir.
@@ -43,7 +49,7 @@ def open_engine(
         from .rocksdb import RocksDBEngine
 
         def make(d: str) -> Engine:
-            return RocksDBEngine(d, wal=not journaled, direct_io=direct_io)
+            return RocksDBEngine(d, wal=not journaled, direct_io=direct_io, blob_files=blob_files)
     else:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
     shards: list[Engine] = []

@@ -52,6 +52,14 @@ def test_writes_with_peers(tmp_path):
     assert result["etcd_puts_per_s"] > 0 and result["errors"] == 0
 
 
+def test_bookie_set_reaches_the_started_bookies(tmp_path):
+    # A value the bookies refuse proves the flag is theirs: the run fails, saying why.
+    cmd = [sys.executable, "-m", "benchmarks", "writes", *TINY, "--no-peers", "--dir",
+           str(tmp_path), "--bookie-set", "engine_blob_files=42"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "engine_blob_files" in proc.stdout + proc.stderr
+
+
 def test_writes_open_loop(tmp_path, cluster):
     result = run_benchmark(
         tmp_path, "writes", *TINY, "--rate", "200", "--ledgers", "2", "--no-peers",

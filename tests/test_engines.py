@@ -164,6 +164,31 @@ def test_rocksdb_writes_its_ssts_around_the_page_cache(tmp_path: Path, direct: b
     e.close()
 
 
+def test_rocksdb_with_blob_files_keeps_payloads_out_of_its_ssts(tmp_path: Path) -> None:
+    records = {i: os.urandom(1000) for i in range(100)}
+    e = RocksDBEngine(str(tmp_path), wal=False, blob_files=True)
+    e.put_entries(1, list(records.items()))
+    e.put_entries(2, [(0, b"short")])  # under BLOB_BYTES_MIN: stays in the SST
+    e.sync()  # a memtable flush: the payloads go to a blob file
+    e.close()
+    (options,) = tmp_path.glob("OPTIONS-*")
+    assert "enable_blob_files=true" in options.read_text()
+    (blob,) = tmp_path.glob("*.blob")
+    assert blob.stat().st_size > sum(map(len, records.values()))
+    (sst,) = tmp_path.glob("*.sst")
+    assert sst.stat().st_size < 20_000
+    e = RocksDBEngine(str(tmp_path), wal=False, blob_files=True)
+    assert all(e.get_entry(1, i) == r for i, r in records.items())
+    assert e.get_entry(2, 0) == b"short" and e.last_entry_id(1) == 99
+    e.close()
+    # Opened without blob files, the same DB still reads them (the blob index is in the SST).
+    e = RocksDBEngine(str(tmp_path), wal=False)
+    assert e.get_entry(1, 7) == records[7]
+    e.delete_ledger(1)
+    assert e.get_entry(1, 7) is None and e.ledgers() == [2]
+    e.close()
+
+
 def test_last_entry_id(store: Store) -> None:
     e = store.open()
     assert e.last_entry_id(1) == -1

@@ -108,6 +108,7 @@ class DiskStorage:
                     cfg.ledger_dirs,
                     journaled=cfg.journal_write_data,
                     direct_io=cfg.engine_direct_io,
+                    blob_files=cfg.engine_blob_files,
                 )
             )
         journal = Journal(cfg.journal_dir, cfg, on_pressure=on_pressure, on_failure=on_failure)
