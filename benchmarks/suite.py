@@ -103,11 +103,13 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
     for n in WRITE_OUTSTANDINGS:
         r = results[f"writes_c{n}"]
         note = f"x{r['ratio_vs_etcd']:.2f} etcd rate, x{r['ratio_p99_vs_etcd']:.2f} etcd p99"
-        rows.append(_row(f"writes E3/WQ3/AQ2, {n} outstanding", r, note))
+        rows.append(_row(f"writes E3/WQ3/AQ2, {n} outstanding", r, _with_cpu(note, r)))
     r = results["writes_rate"]
-    rows.append(_row(f"writes open loop {r['rate']:g}/s", r, "latency from intended send"))
+    note = _with_cpu("latency from intended send", r)
+    rows.append(_row(f"writes open loop {r['rate']:g}/s", r, note))
     r = results["writes_many"]
-    rows.append(_row(f"writes, 1000 outstanding, {r['ledgers']} ledgers", r, "fresh cluster"))
+    note = _with_cpu("fresh cluster", r)
+    rows.append(_row(f"writes, 1000 outstanding, {r['ledgers']} ledgers", r, note))
     r = results["tail"]
     rows.append(_row("tail: append -> tail read", r, f"rate {r['rate']:g}/s"))
     rows.append(_row("reads: 100/call, 1 call", results["reads_batch100"], "latency per call"))
@@ -130,6 +132,11 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
     length = "short (5 s phases)" if short else "30 s phases"
     print_table(f"benchmarks, 1 KiB entries, fdatasync before every ack, {length}", rows)
     print(f"total {results['elapsed_s']:.0f} s")
+
+
+def _with_cpu(note: str, r: dict[str, Any]) -> str:
+    """The note and the phase's CPU probe (benchmarks/machine.py): runs differ by a third."""
+    return f"{note}, cpu probe {r['cpu_probe_ms']:.2f} ms" if r.get("cpu_probe_ms") else note
 
 
 def _row(name: str, r: dict[str, Any], note: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.client.writer import LedgerWriter
 from bookkeeper_aio.errors import BookKeeperError
 
+from . import machine
 from .cluster import target
 from .load import LoadResult, Send, closed_loop, drive, payload_pool
 from .options import (
@@ -90,12 +91,17 @@ async def measure_writes(uri: str, args: argparse.Namespace) -> dict[str, Any]:
         send = round_robin(writers, payloads)
         if args.warmup > 0:
             await closed_loop(send, args.outstanding, args.warmup)
-        load: LoadResult = await drive(send, args.outstanding, args.duration, args.rate)
+        async with machine.cpu_probe() as probe:
+            load: LoadResult = await drive(send, args.outstanding, args.duration, args.rate)
         try:
             await close_and_delete(bk, writers)
         except BookKeeperError as exc:  # a failed handle: the load's errors say why
             load.fail(exc)
-    return {**describe(args), **load.summary(args.entry_size)}
+    return {
+        **describe(args),
+        **load.summary(args.entry_size),
+        "cpu_probe_ms": machine.cpu_probe_ms(probe),
+    }
 
 
 def describe(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,6 +163,9 @@ def print_writes(result: dict[str, Any], args: argparse.Namespace) -> None:
     for key in ("ratio_vs_etcd", "ratio_p99_vs_etcd", "ratio_vs_disk", "ratio_p50_vs_fsync"):
         if key in result:
             print(f"{key}: {result[key]:.3f}")
+    if result.get("cpu_probe_ms"):
+        probe = result["cpu_probe_ms"]
+        print(f"cpu_probe_ms: {probe:.2f} (lower: a faster CPU; benchmarks/machine.py)")
 
 
 def _row(name: str, r: dict[str, Any]) -> dict[str, Any]:

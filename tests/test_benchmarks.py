@@ -4,14 +4,17 @@ beyond "something was measured": this is a 2-core shared machine."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import machine
 from bookkeeper_aio.sandbox import Cluster
 
 pytestmark = pytest.mark.process
@@ -50,6 +53,7 @@ def test_writes_with_peers(tmp_path):
     peer_keys = {"etcd_puts_per_s", "etcd_p99_ms", "disk_group_commit_entries_per_s"}
     assert peer_keys | {"ratio_vs_etcd", "ratio_vs_disk"} <= set(result)
     assert result["etcd_puts_per_s"] > 0 and result["errors"] == 0
+    assert "cpu_probe_ms" in result  # None when the phase ended before the probe's first run
 
 
 def test_bookie_set_reaches_the_started_bookies(tmp_path):
@@ -58,6 +62,16 @@ def test_bookie_set_reaches_the_started_bookies(tmp_path):
            str(tmp_path), "--bookie-set", "engine_blob_files=42"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "engine_blob_files" in proc.stdout + proc.stderr
+
+
+async def test_the_cpu_probe_samples_while_its_body_runs_and_then_stops():
+    async with machine.cpu_probe() as probe:
+        await asyncio.sleep(1.0)
+    assert probe.samples_ms and all(0 < ms < 1000 for ms in probe.samples_ms)
+    assert machine.cpu_probe_ms(probe) == round(statistics.median(probe.samples_ms), 3)
+    count = len(probe.samples_ms)
+    await asyncio.sleep(0.6)
+    assert len(probe.samples_ms) == count  # the child is gone
 
 
 def test_writes_open_loop(tmp_path, cluster):
