@@ -18,6 +18,7 @@ from typing import Any
 import uvloop
 
 from . import bookie, journal, overload, reads, recovery, suite, tail, writes
+from .cluster import ClusterStartError
 
 MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]] = {
     "writes": (writes, writes.run_writes, "client adds: entries/s, latency, etcd/disk peers"),
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted; every server it started was stopped", file=sys.stderr)
         return 130
+    except ClusterStartError as exc:
+        print(f"benchmarks: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -14,6 +14,10 @@ from bookkeeper_aio.metadata.store import open_metadata_store
 from bookkeeper_aio.sandbox import BookieProcess, Cluster, wait_registered
 
 
+class ClusterStartError(RuntimeError):
+    """The local cluster did not come up (the message carries the failing process's log)."""
+
+
 @dataclass
 class Target:
     """Where a benchmark sends its load, and a scratch dir on the same disk."""
@@ -30,16 +34,19 @@ async def local_cluster(
     """etcd (one member) + ``bookies`` bookie processes, registered and writable.
 
     Raises:
-        RuntimeError / TimeoutError: a process did not start, or bookies did not register.
+        ClusterStartError: a process did not start, or bookies did not register.
     """
     cluster = Cluster(root, bookies, engine, *extra)
     try:
-        cluster.etcd.start()
-        async with open_metadata_store(cluster.uri) as store:
-            await store.init_cluster()
-        for bookie in cluster.bookies:
-            bookie.start()
-        await wait_registered(cluster.uri, bookies)
+        try:
+            cluster.etcd.start()
+            async with open_metadata_store(cluster.uri) as store:
+                await store.init_cluster()
+            for bookie in cluster.bookies:
+                bookie.start()
+            await wait_registered(cluster.uri, bookies)
+        except (RuntimeError, TimeoutError) as exc:
+            raise ClusterStartError(f"the local cluster did not start: {exc}") from exc
         yield cluster
     finally:
         cluster.stop()
