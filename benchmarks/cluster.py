@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import tempfile
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,3 +66,11 @@ async def target(
             return
         async with local_cluster(scratch / "cluster", bookies, engine, *extra) as cluster:
             yield Target(cluster.uri, scratch, cluster.bookies)
+
+
+def mode_target(args: argparse.Namespace) -> AbstractAsyncContextManager[Target]:
+    """:func:`target` for a client mode's arguments: ``--metadata``, or its own cluster of
+    ``--bookies`` (default: the ensemble size) ``--engine`` bookies with ``--bookie-set``."""
+    extra = [arg for item in args.bookie_set for arg in ("--set", item)]
+    bookies = args.bookies or args.ensemble
+    return target(args.metadata, args.dir, bookies, args.engine, *extra)

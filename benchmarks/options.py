@@ -58,16 +58,6 @@ def add_client_arguments(p: argparse.ArgumentParser, *, outstanding: int = 1000)
     p.add_argument("--json", metavar="PATH", help="write the results here")
 
 
-def bookie_args(args: argparse.Namespace) -> list[str]:
-    """Extra command-line arguments for the bookies a mode starts (``--bookie-set``)."""
-    return [arg for item in args.bookie_set for arg in ("--set", item)]
-
-
-def bookie_count(args: argparse.Namespace) -> int:
-    """How many bookies to start: ``--bookies`` or the ensemble size."""
-    return args.bookies or args.ensemble
-
-
 def client_config(outstanding: int, entry_bytes: int = 1024, **changes: Any) -> ClientConfig:
     """A client config whose bounds admit ``outstanding`` operations of ``entry_bytes`` in
     flight: the benchmark's own loop is the throttle (BenchThroughputLatency's semaphore), so

@@ -20,16 +20,9 @@ from typing import Any
 from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.client.context import LedgerEntry
 
-from .cluster import target
+from .cluster import mode_target
 from .load import closed_loop, drive, payload_pool
-from .options import (
-    PASSWORD,
-    add_client_arguments,
-    bookie_args,
-    bookie_count,
-    client_config,
-    quorum_label,
-)
+from .options import PASSWORD, add_client_arguments, client_config, quorum_label
 from .stats import print_table, write_json
 from .writes import describe, open_writers, round_robin
 
@@ -84,8 +77,7 @@ async def measure_reads(uri: str, args: argparse.Namespace) -> dict[str, Any]:
 
 async def run_reads(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
     """The ``reads`` mode: print a table, write the JSON, return the results."""
-    bookies, extra = bookie_count(args), bookie_args(args)
-    async with target(args.metadata, args.dir, bookies, args.engine, *extra) as tgt:
+    async with mode_target(args) as tgt:
         result = await measure_reads(tgt.uri, args)
     if not quiet:
         load = f"rate {args.rate:g}/s" if args.rate else f"{args.outstanding} outstanding"

@@ -28,16 +28,9 @@ from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.client.reader import LedgerReader
 from bookkeeper_aio.client.writer import LedgerWriter
 
-from .cluster import target
+from .cluster import mode_target
 from .load import LoadResult, drive, payload_pool
-from .options import (
-    PASSWORD,
-    add_client_arguments,
-    bookie_args,
-    bookie_count,
-    client_config,
-    quorum_label,
-)
+from .options import PASSWORD, add_client_arguments, client_config, quorum_label
 from .stats import latency_summary, print_table, write_json
 from .writes import describe, open_writers
 
@@ -126,8 +119,7 @@ async def measure_tail(uri: str, args: argparse.Namespace) -> dict[str, Any]:
 
 async def run_tail(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
     """The ``tail`` mode: print a table, write the JSON, return the results."""
-    bookies, extra = bookie_count(args), bookie_args(args)
-    async with target(args.metadata, args.dir, bookies, args.engine, *extra) as tgt:
+    async with mode_target(args) as tgt:
         result = await measure_tail(tgt.uri, args)
     if not quiet:
         load = f"rate {args.rate:g}/s" if args.rate else f"{args.outstanding} outstanding"

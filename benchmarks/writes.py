@@ -27,16 +27,9 @@ from bookkeeper_aio.client.writer import LedgerWriter
 from bookkeeper_aio.errors import BookKeeperError
 
 from . import machine
-from .cluster import target
+from .cluster import mode_target
 from .load import LoadResult, Send, closed_loop, drive, payload_pool
-from .options import (
-    PASSWORD,
-    add_client_arguments,
-    bookie_args,
-    bookie_count,
-    client_config,
-    quorum_label,
-)
+from .options import PASSWORD, add_client_arguments, client_config, quorum_label
 from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
 
@@ -120,8 +113,7 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
 
 async def run_writes(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
     """The ``writes`` mode: measure, then the peers; print a table; write the JSON."""
-    bookies, extra = bookie_count(args), bookie_args(args)
-    async with target(args.metadata, args.dir, bookies, args.engine, *extra) as tgt:
+    async with mode_target(args) as tgt:
         result = await measure_writes(tgt.uri, args)
         if args.peers:
             result.update(await measure_peers(tgt.scratch, args, [args.outstanding]))
