@@ -32,7 +32,7 @@ LAC_RECORD_ENTRY_ID = -2
 NO_ENTRY = -1  # "no entry": an empty ledger's LAC and last entry id
 MASTER_KEY_BYTES = 20
 
-_HEADER = struct.Struct(">qqqQ")
+HEADER = struct.Struct(">qqqQ")  # what the header digest hashes: ledger, entry, lac, pdigest
 # What a bookie stores per entry: lac, payload_digest, digest, then the payload.
 ENTRY_RECORD_HEADER = struct.Struct(">qQQ")
 
@@ -44,12 +44,12 @@ def payload_digest(payload: bytes | memoryview) -> int:
 
 def header_digest(ledger_id: int, entry_id: int, lac: int, pdigest: int) -> int:
     """The digest of an entry (or LAC record) header."""
-    return xxh3_64_intdigest(_HEADER.pack(ledger_id, entry_id, lac, pdigest))
+    return xxh3_64_intdigest(HEADER.pack(ledger_id, entry_id, lac, pdigest))
 
 
 def entry_digest(ledger_id: int, entry_id: int, lac: int, payload: bytes) -> int:
     """The digest a writer sends with an entry."""
-    return xxh3_64_intdigest(_HEADER.pack(ledger_id, entry_id, lac, xxh3_64_intdigest(payload)))
+    return xxh3_64_intdigest(HEADER.pack(ledger_id, entry_id, lac, xxh3_64_intdigest(payload)))
 
 
 def lac_digest(ledger_id: int, lac: int) -> int:
@@ -87,17 +87,6 @@ class LacProof(NamedTuple):
 def pack_entry_record(lac: int, pdigest: int, digest: int, payload: bytes) -> bytes:
     """The bytes a bookie stores for one entry."""
     return ENTRY_RECORD_HEADER.pack(lac, pdigest, digest) + payload
-
-
-def record_ok(ledger_id: int, entry_id: int, lac: int, pdigest: int, digest: int,
-              record: bytes) -> bool:  # fmt: skip
-    """True if a stored-form ``record`` (header ``lac, pdigest, digest``, then the payload)
-    is intact: its payload hashes to ``pdigest`` and the header to ``digest``. What a bookie
-    checks for every add."""
-    return (
-        payload_digest(memoryview(record)[ENTRY_RECORD_HEADER.size :]) == pdigest
-        and header_digest(ledger_id, entry_id, lac, pdigest) == digest
-    )
 
 
 def unpack_entry_record(record: bytes) -> tuple[int, int, int, bytes]:

@@ -61,6 +61,10 @@ class LedgerInfo:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+# An entry's record as put_entries takes it: bytes, or a view of the request it came in.
+Record = bytes | memoryview
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Ledger storage: entries and ledger infos, synchronous, with ``sync()`` as durability."""
@@ -68,9 +72,14 @@ class Engine(Protocol):
     def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
         """Store (or overwrite) one entry's record."""
 
-    def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+    def put_entries(
+        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+    ) -> None:
         """Store (entry id, record) pairs of one ledger, in order: ``put_entry`` for each,
-        with the per-call work done once (the bookie's batched adds)."""
+        with the per-call work done once (the bookie's batched adds). A record may be a view
+        of the request it came in; the engine copies what it keeps. ``packed``, if given,
+        is the same entries as an add batch carries them (``protocol.PACKED_ENTRY_PREFIX``,
+        then the record, per entry), which an engine may store as they are."""
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The record of an entry, or None if absent."""

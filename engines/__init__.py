@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bookkeeper_aio.engine import Engine, LedgerInfo
+from bookkeeper_aio.engine import Engine, LedgerInfo, Record
 from bookkeeper_aio.errors import ConfigError
 
 ENGINE_NAMES = ("rocksdb", "files", "memory")
@@ -87,8 +87,10 @@ class ShardedEngine:
     def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
         self._shard(ledger_id).put_entry(ledger_id, entry_id, record)
 
-    def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
-        self._shard(ledger_id).put_entries(ledger_id, entries)
+    def put_entries(
+        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+    ) -> None:
+        self._shard(ledger_id).put_entries(ledger_id, entries, packed)
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         shard = self._where.get(ledger_id)

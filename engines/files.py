@@ -39,7 +39,7 @@ from array import array
 import msgpack
 from xxhash import xxh3_64, xxh3_64_intdigest
 
-from bookkeeper_aio.engine import LedgerInfo
+from bookkeeper_aio.engine import LedgerInfo, Record
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,9 @@ class FilesEngine:
                 ledger = self._ledgers[ledger_id] = _Ledger()
             ledger.set(entry_id, loc, len(record))
 
-    def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+    def put_entries(
+        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+    ) -> None:
         for entry_id, record in entries:
             self.put_entry(ledger_id, entry_id, record)
 

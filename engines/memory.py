@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from bookkeeper_aio.engine import LedgerInfo
+from bookkeeper_aio.engine import LedgerInfo, Record
 
 _Write = tuple[str, int, int, object]  # (kind, ledger_id, entry_id, value)
 
@@ -61,7 +61,9 @@ class MemoryEngine:
         with self._lock:
             self._pending.append(("entry", ledger_id, entry_id, bytes(record)))
 
-    def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+    def put_entries(
+        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+    ) -> None:
         for entry_id, record in entries:
             self.put_entry(ledger_id, entry_id, record)
 

@@ -2,20 +2,39 @@
 
 Theory of operation
 -------------------
-One RocksDB in raw mode (bytes keys, bytewise order) and only the default column family, with two
-key spaces told apart by a prefix byte:
+One RocksDB in raw mode (bytes keys, bytewise order) and only the default column family, with
+three key spaces told apart by a prefix byte:
 
-* entries: ``b"e" + >QQ(ledger_id, entry_id)`` -> the record;
-* ledger infos: ``b"L" + >Q(ledger_id)`` -> ``LedgerInfo.to_bytes()``.
+* ledger infos: ``b"L" + >Q(ledger_id)`` -> ``LedgerInfo.to_bytes()``;
+* batches: ``b"b" + >QQQ(ledger_id, first_entry_id, last_entry_id)`` -> the entries of one
+  ``put_entries`` call packed as an add batch carries them (per entry
+  ``protocol.PACKED_ENTRY_PREFIX`` — id, record length — then the record; ids ascending);
+* entries: ``b"e" + >QQ(ledger_id, entry_id)`` -> the record.
 
-Infos sort *before* every entry: a memtable flush of new entries then makes an SST whose keys
-lie after every older SST's, which RocksDB moves down the levels without rewriting it. (With
-infos after the entries, as ``b"l"`` did until 2026-11, every SST overlapped the one holding
-the info and each flush cost a compaction: 7 % of a bookie's CPU at 50k adds/s.)
+Why batches: a key costs the event loop ~0.8 µs of RocksDB work (the ``WriteBatch.put`` call
+and the memtable's skiplist insert) whatever its value's size, and a bookie takes up to ~256
+entries per add request: one key per call took that work from ~1.0 to ~0.2 µs per 1 KiB entry
+(docs/performance.md, seventh round). A call's entries become a batch when their ids ascend and all lie above the
+ledger's last stored entry, which is how a writer's adds arrive: batches then never overlap,
+so the one batch that may hold entry *e* is the one with the greatest first id <= *e* (one
+``seek_for_prev``; its id range is in the key, so a miss reads no value). Anything else — an
+entry at or below the last one stored (a re-sent add, a recovery's re-write, the journal's
+replay of what the engine already has), ids out of order — goes under an entry key. Reads try
+the entry key first: it was written after any batch holding the same id, so it is the newest
+copy. Reads keep the last few batches they parsed (``batch_cache_bytes``, at most
+``_PARSED_COUNT_MAX`` of them), so reading a batch's entries one by one parses it once.
 
-Big-endian ids make byte order numeric order, so a ledger's entries are one contiguous key range
-(``seek`` walks it, ``seek_for_prev`` finds its last entry, ``delete_range`` drops it). One column
-family keeps one handle to release on close and makes every batch trivially atomic.
+Infos sort *before* batches and entries: a memtable flush of new batches then makes an SST
+whose keys lie after every older SST's, which RocksDB moves down the levels without rewriting
+it. (With infos after the entries, as ``b"l"`` did until 2026-11, every SST overlapped the one
+holding the info and each flush cost a compaction: 7 % of a bookie's CPU at 50k adds/s.) Entry
+keys, rare, sort after every batch: a flush that holds some overlaps older SSTs and costs one
+compaction.
+
+Big-endian ids make byte order numeric order, so a ledger's batches and its entries are each one
+contiguous key range (``seek`` walks it, ``seek_for_prev`` finds its last, ``delete_range``
+drops it). One column family keeps one handle to release on close and makes every write batch
+trivially atomic.
 
 Every write reaches the DB at once (``sync=False``): a call's entries as one ``WriteBatch``,
 so reads see them with no overlay of our own. (Until 2026-11 writes gathered in a batch of up
@@ -42,7 +61,8 @@ import errno
 import os
 import struct
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from rocksdict import (
@@ -57,9 +77,13 @@ from rocksdict import (
 )
 
 from bookkeeper_aio.direct_io import supports_direct_io
-from bookkeeper_aio.engine import LedgerInfo
+from bookkeeper_aio.engine import LedgerInfo, Record
+from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
 
 _ENTRY_KEY = struct.Struct(">cQQ")
+_BATCH_KEY = struct.Struct(">cQQQ")
+_RANGE = struct.Struct(">QQ")  # a batch key's first and last entry ids, after the prefix
+_PARSED_COUNT_MAX = 16  # batches kept parsed for reads (each read looks through them)
 _LEDGER_KEY = struct.Struct(">cQ")
 _ID = struct.Struct(">Q")
 _ID_MAX = 2**64 - 1
@@ -90,6 +114,7 @@ class RocksDBEngine:
         memtable_bytes: int = 8 << 20,
         direct_io: bool = True,
         blob_files: bool = False,
+        batch_cache_bytes: int = 8 << 20,
     ) -> None:
         self.directory = os.path.abspath(directory)
         self._wal = wal
@@ -101,8 +126,13 @@ class RocksDBEngine:
         self._lock = threading.Lock()  # db calls vs close (the sync thread's included)
         self._sync_lock = threading.Lock()  # one sync at a time
         self._infos: dict[int, LedgerInfo] = {}
-        self._with_entries: set[int] = set()
+        self._singles: set[int] = set()  # ledgers with entry keys
+        self._batched: set[int] = set()  # ledgers with batch keys
         self._last: dict[int, int] = {}  # cache; absent means "ask the db"
+        # Batches parsed by reads, newest last: (ledger, first id) -> batch; within the bound.
+        self._parsed: OrderedDict[tuple[int, int], _Batch] = OrderedDict()
+        self._parsed_bytes = 0
+        self._parsed_bytes_max = batch_cache_bytes
         self._syncs = 0
         try:
             self._load()
@@ -111,7 +141,8 @@ class RocksDBEngine:
             raise
 
     def _load(self) -> None:
-        """Read every ledger info and find every ledger with entries (one seek per ledger)."""
+        """Read every ledger info and find every ledger with entries or batches (one seek per
+        ledger and key space)."""
 
         def scan(it: RdictIter) -> None:
             it.seek(b"l")
@@ -125,13 +156,14 @@ class RocksDBEngine:
             while it.valid() and it.key()[:1] == b"L":
                 self._infos[_ID.unpack_from(it.key(), 1)[0]] = LedgerInfo.from_bytes(it.value())
                 it.next()
-            it.seek(b"e")
-            while it.valid() and it.key()[:1] == b"e":
-                ledger_id = _ID.unpack_from(it.key(), 1)[0]
-                self._with_entries.add(ledger_id)
-                if ledger_id == _ID_MAX:
-                    break
-                it.seek(entry_key(ledger_id + 1, 0))
+            for space, found in ((b"e", self._singles), (b"b", self._batched)):
+                it.seek(space)
+                while it.valid() and it.key()[:1] == space:
+                    ledger_id = _ID.unpack_from(it.key(), 1)[0]
+                    found.add(ledger_id)
+                    if ledger_id == _ID_MAX:
+                        break
+                    it.seek(_LEDGER_KEY.pack(space, ledger_id + 1))
 
         self._iterate(scan)
 
@@ -149,18 +181,31 @@ class RocksDBEngine:
     def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
         self.put_entries(ledger_id, [(entry_id, bytes(record))])
 
-    def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+    def put_entries(
+        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+    ) -> None:
         if not entries:
             return
-        pack, batch = _ENTRY_KEY.pack, WriteBatch(raw_mode=True)
-        put = batch.put
-        for entry_id, record in entries:
-            put(pack(b"e", ledger_id, entry_id), record)
-        self._write(batch)
-        self._with_entries.add(ledger_id)
-        last = self._last.get(ledger_id)
-        if last is not None:
-            self._last[ledger_id] = max(last, max(entries)[0])
+        last = self.last_entry_id(ledger_id)
+        batch = WriteBatch(raw_mode=True)
+        if _ascending_above(entries, last):
+            first, last = entries[0][0], entries[-1][0]
+            if packed is None:
+                parts: list[bytes] = []
+                for entry_id, record in entries:
+                    parts += (PACKED_ENTRY_PREFIX.pack(entry_id, len(record)), record)
+                packed = b"".join(parts)
+            batch.put(_BATCH_KEY.pack(b"b", ledger_id, first, last), packed)
+            self._write(batch)
+            self._batched.add(ledger_id)
+        else:
+            pack, put = _ENTRY_KEY.pack, batch.put
+            for entry_id, record in entries:
+                put(pack(b"e", ledger_id, entry_id), bytes(record))  # a view: rocksdict wants bytes
+            self._write(batch)
+            self._singles.add(ledger_id)
+            last = max(last, max(entries)[0])
+        self._last[ledger_id] = last
 
     def put_ledger(self, ledger_id: int, info: LedgerInfo) -> None:
         batch = WriteBatch(raw_mode=True)
@@ -169,17 +214,24 @@ class RocksDBEngine:
         self._infos[ledger_id] = info
 
     def delete_ledger(self, ledger_id: int) -> None:
-        if ledger_id not in self._infos and ledger_id not in self._with_entries:
+        if not (
+            ledger_id in self._infos or ledger_id in self._singles or ledger_id in self._batched
+        ):
             return
-        # 9 bytes of 0xff sort after every 8-byte entry id of this ledger, even 2**64-1.
-        end = _LEDGER_KEY.pack(b"e", ledger_id) + b"\xff" * 9
         batch = WriteBatch(raw_mode=True)
-        batch.delete_range(entry_key(ledger_id, 0), end)
+        for space in (b"e", b"b"):
+            # 17 bytes of 0xff sort after every key of this ledger (ids up to 2**64-1).
+            start = _LEDGER_KEY.pack(space, ledger_id)
+            batch.delete_range(start, start + b"\xff" * 17)
         batch.delete(info_key(ledger_id))
         self._write(batch)
         self._infos.pop(ledger_id, None)
-        self._with_entries.discard(ledger_id)
+        self._singles.discard(ledger_id)
+        self._batched.discard(ledger_id)
         self._last.pop(ledger_id, None)
+        with self._lock:
+            for key in [k for k in self._parsed if k[0] == ledger_id]:
+                self._parsed_bytes -= len(self._parsed.pop(key).value)
 
     def _write(self, batch: WriteBatch) -> None:
         """Apply ``batch`` atomically, without an fsync (``sync()`` is the durability point)."""
@@ -190,10 +242,36 @@ class RocksDBEngine:
     # ----- reads
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        if entry_id < 0:
+            return None
         with self._lock:
             assert self._db is not None, "engine is closed"
-            value = self._db.get(entry_key(ledger_id, entry_id))
-        return value  # type: ignore[no-any-return]
+            if ledger_id in self._singles:  # an entry key is the newest copy (module doc)
+                value: bytes | None = self._db.get(entry_key(ledger_id, entry_id))
+                if value is not None:
+                    return value
+            if ledger_id not in self._batched:
+                return None
+            batch = self._batch_holding(ledger_id, entry_id)
+        return batch.record(entry_id) if batch is not None else None
+
+    def _batch_holding(self, ledger_id: int, entry_id: int) -> _Batch | None:
+        """The batch whose id range covers ``entry_id`` (parsed, cached), or None."""
+        for (lid, first), batch in reversed(self._parsed.items()):
+            if lid == ledger_id and first <= entry_id <= batch.last:
+                return batch
+        found = self._iterate(lambda it: _db_batch(it, ledger_id, entry_id))
+        if found is None:
+            return None
+        first, batch = found
+        if len(batch.value) <= self._parsed_bytes_max:
+            self._parsed[(ledger_id, first)] = batch
+            self._parsed_bytes += len(batch.value)
+            while (
+                self._parsed_bytes > self._parsed_bytes_max or len(self._parsed) > _PARSED_COUNT_MAX
+            ):
+                self._parsed_bytes -= len(self._parsed.popitem(last=False)[1].value)
+        return batch
 
     def last_entry_id(self, ledger_id: int) -> int:
         last = self._last.get(ledger_id)
@@ -208,18 +286,22 @@ class RocksDBEngine:
         if max_count <= 0:
             return []
         with self._lock:
-            return self._iterate(lambda it: _db_ids(it, ledger_id, start, max_count))
+            ids = self._iterate(lambda it: _db_ids(it, ledger_id, start, max_count))
+            if ledger_id in self._batched:
+                more = self._iterate(lambda it: _db_batch_ids(it, ledger_id, start, max_count))
+                ids = sorted(set(ids).union(more))[:max_count]
+        return ids
 
     def get_ledger(self, ledger_id: int) -> LedgerInfo | None:
         return self._infos.get(ledger_id)
 
     def ledgers(self) -> list[int]:
-        return sorted(self._with_entries.union(self._infos))
+        return sorted(self._singles.union(self._batched, self._infos))
 
     def statistics(self) -> dict[str, int]:
         """Counters for metrics: ledgers, syncs."""
         return {
-            "ledgers": len(self._with_entries.union(self._infos)),
+            "ledgers": len(self._singles.union(self._batched, self._infos)),
             "syncs": self._syncs,
         }
 
@@ -295,11 +377,83 @@ def _open_db(directory: str, memtable_bytes: int, direct_io: bool, blob_files: b
         raise
 
 
+class _Batch:
+    """A batch value as read, and where each of its records lies (found on first use)."""
+
+    __slots__ = ("last", "spans", "value")
+
+    def __init__(self, last: int, value: bytes) -> None:
+        self.last, self.value = last, value
+        self.spans: dict[int, tuple[int, int]] | None = None
+
+    def record(self, entry_id: int) -> bytes | None:
+        if self.spans is None:
+            self.spans = dict(_spans(self.value))
+        span = self.spans.get(entry_id)
+        return self.value[span[0] : span[1]] if span is not None else None
+
+
+def _spans(value: bytes) -> Iterator[tuple[int, tuple[int, int]]]:
+    """(entry id, (start, end) of its record) of a batch value, in order."""
+    unpack, size, pos, end = (
+        PACKED_ENTRY_PREFIX.unpack_from,
+        PACKED_ENTRY_PREFIX.size,
+        0,
+        len(value),
+    )
+    while pos < end:
+        entry_id, length = unpack(value, pos)
+        pos += size
+        yield entry_id, (pos, pos + length)
+        pos += length
+
+
+def _ascending_above(entries: list[tuple[int, bytes]], last: int) -> bool:
+    """Whether the entry ids ascend strictly, all above ``last``."""
+    for entry_id, _ in entries:
+        if entry_id <= last:
+            return False
+        last = entry_id
+    return True
+
+
+def _db_batch(it: RdictIter, ledger_id: int, entry_id: int) -> tuple[int, _Batch] | None:
+    """(first id, batch) of the ledger's batch whose id range covers ``entry_id``, if any:
+    batches never overlap, so it is the one with the greatest first id <= ``entry_id``."""
+    it.seek_for_prev(_BATCH_KEY.pack(b"b", ledger_id, entry_id, _ID_MAX))
+    if it.valid():
+        key = it.key()
+        if key[:9] == _LEDGER_KEY.pack(b"b", ledger_id):
+            first, last = _RANGE.unpack_from(key, 9)
+            if entry_id <= last:
+                return first, _Batch(last, it.value())
+    return None
+
+
 def _db_last(it: RdictIter, ledger_id: int) -> int:
+    last = -1
     it.seek_for_prev(entry_key(ledger_id, _ID_MAX))
     if it.valid() and it.key()[:9] == _LEDGER_KEY.pack(b"e", ledger_id):
-        return int(_ID.unpack_from(it.key(), 9)[0])
-    return -1
+        last = int(_ID.unpack_from(it.key(), 9)[0])
+    it.seek_for_prev(_BATCH_KEY.pack(b"b", ledger_id, _ID_MAX, _ID_MAX))
+    if it.valid() and it.key()[:9] == _LEDGER_KEY.pack(b"b", ledger_id):
+        last = max(last, int(_RANGE.unpack_from(it.key(), 9)[1]))
+    return last
+
+
+def _db_batch_ids(it: RdictIter, ledger_id: int, start: int, max_count: int) -> list[int]:
+    """Up to ``max_count`` ids >= ``start`` held in the ledger's batches, ascending."""
+    prefix = _LEDGER_KEY.pack(b"b", ledger_id)
+    it.seek_for_prev(_BATCH_KEY.pack(b"b", ledger_id, start, _ID_MAX))
+    if not (it.valid() and it.key()[:9] == prefix):
+        it.seek(prefix)
+    ids: list[int] = []
+    while len(ids) < max_count and it.valid():
+        if it.key()[:9] != prefix:
+            break
+        ids += (entry_id for entry_id, _ in _spans(it.value()) if entry_id >= start)
+        it.next()
+    return ids[:max_count]
 
 
 def _db_ids(it: RdictIter, ledger_id: int, start: int, max_count: int) -> list[int]:

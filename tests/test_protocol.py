@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bookkeeper_aio.digest import LacProof, pack_entry_record
+from bookkeeper_aio.digest import (
+    LacProof,
+    entry_digest,
+    header_digest,
+    pack_entry_record,
+    payload_digest,
+)
 from bookkeeper_aio.errors import FrameTooLargeError, ProtocolError
 from bookkeeper_aio.protocol import (
     ADD_ENTRY_HEAD,
@@ -36,6 +42,7 @@ from bookkeeper_aio.protocol import (
     SharedFrame,
     WriteLacRequest,
     WriteLacResponse,
+    check_add_entries,
     decode_all,
     encode,
     pack_add_entries,
@@ -186,6 +193,37 @@ def test_garbage_packed_entries_parse_or_raise_value_error(data):
     except ValueError:
         return
     assert sum(PACKED_ENTRY_PREFIX.size + len(e[4]) for e in entries) == len(data)
+
+
+@given(ENTRIES, st.lists(st.booleans()), st.integers(0, 2**63 - 1))
+def test_check_add_entries_is_unpack_and_the_digest_check(entries, honest, ledger_id):
+    """What a bookie checks per add: the payload hashes to its digest, the header to its."""
+    entries = [  # some with their true digests, the rest arbitrary
+        (e, lac, payload_digest(p), entry_digest(ledger_id, e, lac, p), p)
+        if h
+        else (e, lac, pd, d, p)
+        for (e, lac, pd, d, p), h in zip(entries, honest + [False] * len(entries), strict=False)
+    ]
+    packed = pack_add_entries(entries)
+    checked = check_add_entries(ledger_id, packed)
+    assert [(*c[:4], bytes(c[4])) for c in checked] == unpack_add_entries(packed)
+    assert [c[5] for c in checked] == [
+        payload_digest(p) == pd and header_digest(ledger_id, e, lac, pd) == d
+        for e, lac, pd, d, p in entries
+    ]
+    assert all(c[5] for c, h in zip(checked, honest, strict=False) if h)
+
+
+@given(st.one_of(st.binary(max_size=300), ENTRIES.map(pack_add_entries)), st.data())
+def test_check_add_entries_refuses_what_unpack_refuses(data, draw):
+    data = data[: draw.draw(st.integers(0, len(data)))]
+    try:
+        expected = len(unpack_add_entries(data))
+    except ValueError:
+        with pytest.raises(ValueError):
+            check_add_entries(0, data)
+        return
+    assert len(check_add_entries(0, data)) == expected
 
 
 @pytest.mark.parametrize("size", [0, 255, 256, 65535, 65536, 300_000])

@@ -33,10 +33,10 @@ from ..digest import (
     LAC_RECORD_ENTRY_ID,
     MASTER_KEY_BYTES,
     LacProof,
+    header_digest,
     lac_digest,
     pack_entry_record,
     payload_digest,
-    record_ok,
     unpack_entry_record,
 )
 from ..engine import Engine
@@ -61,7 +61,7 @@ from ..protocol import (
     ReadResponse,
     WriteLacRequest,
     WriteLacResponse,
-    unpack_add_entries,
+    check_add_entries,
 )
 from .journal import (
     REC_ENTRIES,
@@ -225,7 +225,8 @@ class RequestHandler:
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
         pdigest = payload_digest(req.payload)
         record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
-        entry = (eid, req.lac, pdigest, req.digest, record)
+        intact = header_digest(lid, eid, req.lac, pdigest) == req.digest
+        entry = (eid, req.lac, pdigest, req.digest, record, intact)
         statuses, journaled = self._store(lid, req.flags, req.master_key, (entry,))
         if not journaled:
             reply(AddResponse(rid, statuses[0], lid, eid))
@@ -241,12 +242,12 @@ class RequestHandler:
         answer once it is durable."""
         rid, lid = req.request_id, req.ledger_id
         try:
-            entries = unpack_add_entries(req.entries)
+            entries = check_add_entries(lid, req.entries)
         except ValueError as exc:
             self.counters["add_bad_request"] += 1
             reply(ErrorResponse(rid, StatusCode.BAD_REQUEST, f"AddBatchRequest: {exc}"))
             return
-        statuses, journaled = self._store(lid, req.flags, req.master_key, entries)
+        statuses, journaled = self._store(lid, req.flags, req.master_key, entries, req.entries)
         if not journaled:
             reply(AddBatchResponse(rid, _first_failure(statuses), lid, statuses))
             return
@@ -263,12 +264,19 @@ class RequestHandler:
             self.journal.append(*entries_record(lid, journaled), durable)
 
     def _store(
-        self, lid: int, flags: int, key: bytes, entries: Sequence[tuple[int, int, int, int, bytes]]
-    ) -> tuple[list[StatusCode], list[tuple[int, bytes]]]:
-        """Check ``(entry_id, lac, payload_digest, digest, record)`` entries of one ledger
-        and put those that pass into the engine. Returns each entry's status and the
-        (entry id, record) pairs that still have to be journaled before the answer (none
-        without data journaling).
+        self,
+        lid: int,
+        flags: int,
+        key: bytes,
+        entries: Sequence[tuple[int, int, int, int, bytes | memoryview, bool]],
+        packed: bytes | None = None,
+    ) -> tuple[list[StatusCode], list[tuple[int, bytes | memoryview]]]:
+        """Check ``(entry_id, lac, payload_digest, digest, record, intact)`` entries of one
+        ledger (``intact``: the digests matched, protocol.check_add_entries) and put those
+        that pass into the engine (``packed``: the entries as the request
+        carried them, which the engine gets too when every entry passed). Returns each
+        entry's status and the (entry id, record) pairs that still have to be journaled
+        before the answer (none without data journaling).
 
         Per-entry checks come first (ids, the writer's LAC below its entry, read-only, the
         digests), then the ledger's (its key, the fence): a batch whose every digest is wrong
@@ -281,14 +289,14 @@ class RequestHandler:
             return self._refused([StatusCode.BAD_REQUEST] * len(entries)), []
         refuse_all = StatusCode.READ_ONLY if self.read_only and not recovery else None
         statuses: list[StatusCode] = []
-        stored: list[tuple[int, bytes]] = []  # (entry id, record) of the entries that passed
+        stored: list[tuple[int, bytes | memoryview]] = []  # (entry id, record) of those passed
         best: tuple[int, int, int, int] | None = None  # the passing entry with the highest LAC
-        for eid, lac, pdigest, digest, record in entries:
+        for eid, lac, pdigest, digest, record, intact in entries:
             if eid < 0 or (lac >= eid and not recovery):  # a writer's LAC is below its entry
                 statuses.append(StatusCode.BAD_REQUEST)
             elif refuse_all is not None:
                 statuses.append(refuse_all)
-            elif not record_ok(lid, eid, lac, pdigest, digest, record):
+            elif not intact:
                 statuses.append(StatusCode.BAD_DIGEST)
             else:
                 statuses.append(OK)
@@ -310,7 +318,8 @@ class RequestHandler:
             return self._refused([refusal if s is OK else s for s in statuses]), []
         if len(stored) < len(statuses):
             self._refused(statuses)
-        self.engine.put_entries(lid, stored)
+            packed = None
+        self.engine.put_entries(lid, stored, packed)
         self.counters["adds"] += len(stored)
         if state.offer_lac(LacProof(*best)):
             state.wake_waiters()

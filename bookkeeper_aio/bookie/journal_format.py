@@ -80,10 +80,10 @@ def file_header(seq: int) -> bytes:
 
 
 # A record's body as the journal takes it: bytes, or pieces it writes without joining them.
-Body = bytes | tuple[bytes, ...]
+Body = bytes | tuple[bytes | memoryview, ...]
 
 
-def record_head(seq: int, rtype: int, pieces: tuple[bytes, ...], size: int) -> bytes:
+def record_head(seq: int, rtype: int, pieces: tuple[bytes | memoryview, ...], size: int) -> bytes:
     """What precedes a body (its ``pieces``, ``size`` bytes in all) in its record of file
     ``seq``: length, checksum, type. The journal writes head and pieces without joining
     them (a batch's bodies are copied once, into the write buffer)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
-from ..engine import Engine, LedgerInfo
+from ..engine import Engine, LedgerInfo, Record
 from ..protocol import PACKED_ENTRY_PREFIX, unpack_add_entries
 from .journal import (
     REC_ENTRIES,
@@ -43,12 +43,12 @@ ENTRY_KEY = struct.Struct(">qq")
 LEDGER_KEY = struct.Struct(">q")
 
 
-def entry_body(ledger_id: int, entry_id: int, record: bytes) -> bytes:
+def entry_body(ledger_id: int, entry_id: int, record: Record) -> bytes:
     """The journal body of a stored entry."""
     return ENTRY_KEY.pack(ledger_id, entry_id) + record
 
 
-def entries_record(ledger_id: int, entries: list[tuple[int, bytes]]) -> tuple[int, Body]:
+def entries_record(ledger_id: int, entries: list[tuple[int, Record]]) -> tuple[int, Body]:
     """The journal record (type, body) of stored entries of one ledger: ``REC_ENTRY`` for one,
     ``REC_ENTRIES`` for several (its body in pieces, which the journal writes unjoined)."""
     if len(entries) == 1:

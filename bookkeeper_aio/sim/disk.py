@@ -33,7 +33,7 @@ from ..bookie.disk import DiskUsage
 from ..bookie.journal import Body, JournalRecord
 from ..bookie.records import replay_into
 from ..bookie.storage import BookieJournal, FailureCallback, PressureCallback
-from ..engine import Engine, LedgerInfo
+from ..engine import Engine, LedgerInfo, Record
 from ..metadata.store import MetadataStore
 
 Callback = Callable[[BaseException | None], None]
@@ -128,7 +128,9 @@ class FaultyEngine:
         self._maybe_fail("put_entry")
         self.inner.put_entry(ledger_id, entry_id, record)
 
-    def put_entries(self, ledger_id: int, entries: list[tuple[int, bytes]]) -> None:
+    def put_entries(
+        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+    ) -> None:
         for entry_id, record in entries:  # one fault draw per entry, as separate puts made
             self.put_entry(ledger_id, entry_id, record)
 
