@@ -5,7 +5,7 @@
     python -m benchmarks writes --rate 5000 ...        # open loop at 5000 entries/s
 
 Opens ``--ledgers`` ledgers through the public client (``BookKeeper.create_ledger``) and adds
-``--entry-size`` byte entries round-robin over them with ``append_nowait``: a closed loop with
+``--entry-size`` byte entries round-robin over them with ``append_callback``: a closed loop with
 ``--outstanding`` adds in flight, or an open loop at ``--rate`` (latency from the intended send
 time). Every bookie fdatasyncs before it acknowledges. After a ``--warmup`` the measured phase
 lasts ``--duration`` seconds; then the ledgers are closed and deleted. With ``--peers`` (the
@@ -28,7 +28,7 @@ from bookkeeper_aio.errors import BookKeeperError
 
 from . import machine
 from .cluster import mode_target
-from .load import LoadResult, Send, closed_loop, drive, payload_pool
+from .load import CallbackSend, LoadResult, Send, closed_loop, drive, payload_pool
 from .options import PASSWORD, add_client_arguments, client_config, quorum_label
 from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
@@ -76,16 +76,24 @@ def round_robin(writers: list[LedgerWriter], payloads: Sequence[bytes]) -> Send:
     return lambda: next(turn).append_nowait(next(payload))
 
 
+def round_robin_callbacks(writers: list[LedgerWriter], payloads: Sequence[bytes]) -> CallbackSend:
+    """:func:`round_robin` through ``append_callback`` (the load's ``callbacks=True``)."""
+    turn, payload = itertools.cycle(writers), itertools.cycle(payloads)
+    return lambda done: next(turn).append_callback(next(payload), done)
+
+
 async def measure_writes(uri: str, args: argparse.Namespace) -> dict[str, Any]:
     """Warm up, then the measured load; return its summary (no peers)."""
     payloads = payload_pool(args.entry_size)
     async with BookKeeper.connect(uri, client_config(args.outstanding, args.entry_size)) as bk:
         writers = await open_writers(bk, args)
-        send = round_robin(writers, payloads)
+        send = round_robin_callbacks(writers, payloads)
         if args.warmup > 0:
-            await closed_loop(send, args.outstanding, args.warmup)
+            await closed_loop(send, args.outstanding, args.warmup, callbacks=True)
         async with machine.cpu_probe() as probe:
-            load: LoadResult = await drive(send, args.outstanding, args.duration, args.rate)
+            load: LoadResult = await drive(
+                send, args.outstanding, args.duration, args.rate, callbacks=True
+            )
         try:
             await close_and_delete(bk, writers)
         except BookKeeperError as exc:  # a failed handle: the load's errors say why

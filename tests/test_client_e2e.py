@@ -85,6 +85,49 @@ async def test_adds_of_one_loop_turn_go_to_each_bookie_in_one_frame(shared_clust
         assert [e.payload for e in got] == [b"%d" % i for i in range(200)]
 
 
+async def test_append_callback_tells_every_entry_once_in_order(shared_cluster, caplog):
+    async with BookKeeper.connect(shared_cluster.uri, CONFIG) as bk:
+        w = await bk.create_ledger(3, 3, 2, password=b"pw")
+        told: list[tuple[int, BaseException | None]] = []
+        all_told = asyncio.Event()
+
+        def callback(entry_id: int, error: BaseException | None) -> None:
+            told.append((entry_id, error))
+            if entry_id < 5:  # a callback may append (a closed loop's next add)
+                ids.append(w.append_callback(b"more-%d" % entry_id, callback))
+            if entry_id == 7:
+                raise RuntimeError("a careless callback")  # logged; the writer goes on
+            if len(told) == 204:  # 205 entries, one of them with a future
+                all_told.set()
+
+        ids = [w.append_callback(b"%d" % i, callback) for i in range(100)]
+        future = w.append_nowait(b"a future among them")
+        ids += [w.append_callback(b"%d" % i, callback) for i in range(101, 200)]
+        async with asyncio.timeout(10):
+            await all_told.wait()
+        assert await future == 100
+        assert told == [(i, None) for i in range(205) if i != 100]
+        assert sorted(ids) == [i for i in range(205) if i != 100]
+        assert "add callback of entry 7 raised" in caplog.text
+        await w.close()
+        payloads = await read_all(bk, w.ledger_id)
+        assert payloads[:3] == [b"0", b"1", b"2"] and payloads[200:] == [
+            b"more-%d" % i for i in range(5)
+        ]
+
+        # A failure reaches the callback: a recoverer fenced the ledger.
+        w = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await w.append(b"first")
+        await bk.open_ledger(w.ledger_id, password=b"pw", recovery=True)
+        failed = asyncio.get_running_loop().create_future()
+        entry_id = w.append_callback(b"late", lambda e, error: failed.set_result((e, error)))
+        async with asyncio.timeout(10):
+            got_id, error = await failed
+        assert got_id == entry_id == 1 and isinstance(error, LedgerFencedError)
+        with pytest.raises(LedgerFencedError):
+            w.append_callback(b"later", callback)
+
+
 async def _settled(bk: BookKeeper) -> None:
     """Wait (bounded) until no request to any bookie is unanswered."""
     async with asyncio.timeout(5):

@@ -6,7 +6,7 @@ import asyncio
 
 import uvloop
 
-from benchmarks.load import PAYLOAD_POOL_COUNT_MAX, open_loop, payload_pool
+from benchmarks.load import PAYLOAD_POOL_COUNT_MAX, closed_loop, open_loop, payload_pool
 
 
 def test_open_loop_sends_everything_due_per_tick_instead_of_spinning(monkeypatch):
@@ -36,6 +36,29 @@ def test_open_loop_sends_everything_due_per_tick_instead_of_spinning(monkeypatch
     # ~200 one-millisecond ticks in 0.2 s (fewer when a tick oversleeps); one per add was 10k.
     assert 20 <= len(sleeps) <= 400, len(sleeps)
     assert min(sleeps) >= 0.001
+
+
+def test_closed_loop_with_callbacks_counts_values_errors_and_raises():
+    """``callbacks=True``: send takes done(value, error), as the writes mode's append_callback."""
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        sent = 0
+
+        def send(done) -> None:
+            nonlocal sent
+            sent += 1
+            if sent == 50:
+                raise RuntimeError("the handle failed")  # stops that slot
+            value, error = (None, ValueError("lost")) if sent % 10 == 0 else ([1, 2, 3], None)
+            loop.call_soon(done, value, error)
+
+        result = await closed_loop(send, 4, count=100, weight=len, callbacks=True)
+        assert result.errors == 1 + 9  # the raise, and every tenth send but the 50th
+        assert result.first_error == "ValueError: lost"
+        assert len(result.latencies_s) == 99 - 9 and result.entries == 3 * 90
+
+    uvloop.run(run())
 
 
 def test_payload_pool_is_distinct_and_bounded():
