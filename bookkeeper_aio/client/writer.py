@@ -149,6 +149,8 @@ class LedgerWriter:
         self._ensemble_changes = 0
         self._lac_sent = -1  # highest LAC that reached the bookies (piggybacked or explicit)
         self._idle = True
+        # append_callback adds completed or failed, told at the end of this loop turn (_tell).
+        self._to_tell: list[tuple[_PendingAdd, BaseException | None]] = []
         self._lac_task = self._loop.create_task(self._explicit_lac_loop())
 
     # --- public API -----------------------------------------------------------------------
@@ -173,12 +175,12 @@ class LedgerWriter:
     def append_callback(self, payload: bytes, callback: AddCallback) -> int:
         """Send an entry now; return its entry id. ``callback(entry_id, error)`` is called
         once, from the event loop: with ``error`` None when the entry and every earlier one
-        are acknowledged (in entry order, as futures resolve), else with the exception.
+        are acknowledged, else with the exception; callbacks are called in entry order.
 
         BookKeeper's ``asyncAddEntry``: no future per entry (~0.4 µs less of the client's CPU
-        per entry and less for the garbage collector; docs/performance.md). The callback runs
-        inside the writer's completion path: it must not block; it may append; an exception
-        it raises is logged and ignored.
+        per entry and less for the garbage collector; docs/performance.md). The callbacks of
+        the adds a loop turn completed run together at its end: a callback must not block;
+        it may append; an exception it raises is logged and ignored.
 
         Raises:
             as :meth:`append_nowait` (then ``callback`` is never called).
@@ -508,8 +510,27 @@ class LedgerWriter:
             self.last_add_confirmed = op.entry_id
             self.length += len(op.payload)
             self._pending_bytes -= len(op.payload)
-            op.finish(None)
+            self._finish(op, None)
         self._room.set()  # waiters re-check their own size
+
+    def _finish(self, op: _PendingAdd, error: BaseException | None) -> None:
+        """Tell ``op``'s caller it completed or failed: a future at once (it runs its
+        callbacks in a later loop turn itself), a callback at the end of this loop turn, in
+        order. Not at once: the answers that arrived together are all processed first (a
+        callback that appends may send 3 x 256 KiB before the next answer's acks are seen;
+        told at once, `writes --outstanding 1000` measured 5-15 % fewer entries/s)."""
+        if op.future is not None:
+            op.finish(error)
+            return
+        op.done = True
+        if not self._to_tell:
+            self._loop.call_soon(self._tell)
+        self._to_tell.append((op, error))
+
+    def _tell(self) -> None:
+        told, self._to_tell = self._to_tell, []
+        for op, error in told:
+            op.finish(error)
 
     def _fail(self, exc: BaseException) -> None:
         if self._failed is None:
@@ -521,7 +542,7 @@ class LedgerWriter:
         self._pending_bytes = 0
         for op in pending:
             if not op.done:
-                op.finish(exc)
+                self._finish(op, exc)
         self._room.set()
 
     # --- ensemble change ------------------------------------------------------------------
