@@ -224,10 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         for b in cluster.bookies:
             print(f"bookie {b.address}  (log {b.log})", flush=True)
         print("running; Ctrl-C stops everything", flush=True)
-        try:
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
-        except KeyboardInterrupt:
-            pass
+        # sigwait only returns for blocked signals (unblocked, SIGTERM killed this process and
+        # left the cluster running), and never for ignored ones (a shell's background job
+        # ignores SIGINT). Blocked only now: the servers started above keep default masks.
+        stop = {signal.SIGINT, signal.SIGTERM}
+        for signum in stop:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+        signal.sigwait(stop)
     return 0
 
 
