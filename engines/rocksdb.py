@@ -2,10 +2,11 @@
 
 Theory of operation
 -------------------
-One RocksDB in raw mode (bytes keys, bytewise order) and only the default column family, with
-three key spaces told apart by a prefix byte:
+One RocksDB in raw mode (bytes keys, bytewise order). The ledger infos are in the column family
+``infos`` (``INFOS_CF``), the entries in the default one, in two key spaces told apart by a
+prefix byte:
 
-* ledger infos: ``b"L" + >Q(ledger_id)`` -> ``LedgerInfo.to_bytes()``;
+* ledger infos (``infos``): ``b"L" + >Q(ledger_id)`` -> ``LedgerInfo.to_bytes()``;
 * batches: ``b"b" + >QQQ(ledger_id, first_entry_id, last_entry_id)`` -> the entries of one
   ``put_entries`` call packed as an add batch carries them (per entry
   ``protocol.PACKED_ENTRY_PREFIX`` — id, record length — then the record; ids ascending);
@@ -24,17 +25,20 @@ the entry key first: it was written after any batch holding the same id, so it i
 copy. Reads keep the last few batches they parsed (``batch_cache_bytes``, at most
 ``_PARSED_COUNT_MAX`` of them), so reading a batch's entries one by one parses it once.
 
-Infos sort *before* batches and entries: a memtable flush of new batches then makes an SST
-whose keys lie after every older SST's, which RocksDB moves down the levels without rewriting
-it. (With infos after the entries, as ``b"l"`` did until 2026-11, every SST overlapped the one
-holding the info and each flush cost a compaction: 7 % of a bookie's CPU at 50k adds/s.) Entry
-keys, rare, sort after every batch: a flush that holds some overlaps older SSTs and costs one
-compaction.
+Why infos apart: a memtable flush of a ledger's new batches then makes an SST whose keys lie
+after every older SST's of that ledger, which RocksDB moves down the levels without rewriting
+it. An info flushed with them made that SST span every key in between: with infos after the
+entries (``b"l"``, until 2026-11) every flush overlapped the SST holding the info (7 % of a
+bookie's CPU at 50k adds/s); with infos before them (``b"L"`` in the same family, until
+2026-11-23) a new ledger's first flush overlapped every batch of every ledger with a smaller
+id, so each new ledger compacted older ones (docs/performance.md, seventh round). A dir with
+``b"L"`` infos in the default family has them moved on open. Entry keys, rare, sort after
+every batch: a flush that holds some overlaps older SSTs and costs one compaction.
 
 Big-endian ids make byte order numeric order, so a ledger's batches and its entries are each one
 contiguous key range (``seek`` walks it, ``seek_for_prev`` finds its last, ``delete_range``
-drops it). One column family keeps one handle to release on close and makes every write batch
-trivially atomic.
+drops it). A write batch spanning both families is still atomic; one WAL serves both, and
+without it ``sync()`` flushes both memtables.
 
 Every write reaches the DB at once (``sync=False``): a call's entries as one ``WriteBatch``,
 so reads see them with no overlay of our own. (Until 2026-11 writes gathered in a batch of up
@@ -66,6 +70,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from rocksdict import (
+    ColumnFamily,
     DBCompressionType,
     DBRecoveryMode,
     Options,
@@ -95,6 +100,9 @@ def entry_key(ledger_id: int, entry_id: int) -> bytes:
     return _ENTRY_KEY.pack(b"e", ledger_id, entry_id)
 
 
+INFOS_CF = "infos"  # the column family of the ledger infos
+
+
 def info_key(ledger_id: int) -> bytes:
     return _LEDGER_KEY.pack(b"L", ledger_id)
 
@@ -120,6 +128,8 @@ class RocksDBEngine:
         self._wal = wal
         os.makedirs(self.directory, exist_ok=True)
         self._db: Rdict | None = _open_db(self.directory, memtable_bytes, direct_io, blob_files)
+        self._infos_db: Rdict | None = self._db.get_column_family(INFOS_CF)
+        self._infos_cf: ColumnFamily | None = self._db.get_column_family_handle(INFOS_CF)
         self._write_opt = WriteOptions()
         self._write_opt.sync = False  # the fsync is flush_wal(True) in sync(), once per group
         self._write_opt.disable_wal = not wal  # a property in rocksdict 0.3.29, not a method
@@ -142,9 +152,18 @@ class RocksDBEngine:
 
     def _load(self) -> None:
         """Read every ledger info and find every ledger with entries or batches (one seek per
-        ledger and key space)."""
+        ledger and key space). Infos still in the default column family (a dir written before
+        2026-11-23) move to their own, in one write, synced."""
 
-        def scan(it: RdictIter) -> None:
+        def infos(it: RdictIter) -> dict[int, bytes]:
+            found = {}
+            it.seek(b"L")
+            while it.valid() and it.key()[:1] == b"L":
+                found[_ID.unpack_from(it.key(), 1)[0]] = it.value()
+                it.next()
+            return found
+
+        def scan(it: RdictIter) -> dict[int, bytes]:
             it.seek(b"l")
             if it.valid() and it.key()[:1] == b"l":
                 raise OSError(
@@ -152,10 +171,6 @@ class RocksDBEngine:
                     f"ledger dir {self.directory} has ledger infos under the old b'l' keys "
                     "(before 2026-11); this version reads b'L' keys only",
                 )
-            it.seek(b"L")
-            while it.valid() and it.key()[:1] == b"L":
-                self._infos[_ID.unpack_from(it.key(), 1)[0]] = LedgerInfo.from_bytes(it.value())
-                it.next()
             for space, found in ((b"e", self._singles), (b"b", self._batched)):
                 it.seek(space)
                 while it.valid() and it.key()[:1] == space:
@@ -164,13 +179,26 @@ class RocksDBEngine:
                     if ledger_id == _ID_MAX:
                         break
                     it.seek(_LEDGER_KEY.pack(space, ledger_id + 1))
+            return infos(it)
 
-        self._iterate(scan)
+        old = self._iterate(scan)
+        current = self._iterate(infos, self._infos_db)
+        if old:
+            batch = WriteBatch(raw_mode=True)
+            for ledger_id, data in old.items():
+                if ledger_id not in current:
+                    batch.put(info_key(ledger_id), data, self._infos_cf)
+                batch.delete(info_key(ledger_id))
+            self._write(batch)
+            self.sync()
+        for ledger_id, data in {**old, **current}.items():
+            self._infos[ledger_id] = LedgerInfo.from_bytes(data)
 
-    def _iterate(self, walk: Callable[[RdictIter], _T]) -> _T:
-        """Run ``walk`` on a fresh iterator and drop it: a live iterator keeps the LOCK held."""
+    def _iterate(self, walk: Callable[[RdictIter], _T], db: Rdict | None = None) -> _T:
+        """Run ``walk`` on a fresh iterator (of ``db``, default the entries) and drop it: a live
+        iterator keeps the LOCK held."""
         assert self._db is not None, "engine is closed"
-        it = self._db.iter(ReadOptions())
+        it = (db or self._db).iter(ReadOptions())
         try:
             return walk(it)
         finally:
@@ -209,7 +237,7 @@ class RocksDBEngine:
 
     def put_ledger(self, ledger_id: int, info: LedgerInfo) -> None:
         batch = WriteBatch(raw_mode=True)
-        batch.put(info_key(ledger_id), info.to_bytes())
+        batch.put(info_key(ledger_id), info.to_bytes(), self._infos_cf)
         self._write(batch)
         self._infos[ledger_id] = info
 
@@ -223,7 +251,7 @@ class RocksDBEngine:
             # 17 bytes of 0xff sort after every key of this ledger (ids up to 2**64-1).
             start = _LEDGER_KEY.pack(space, ledger_id)
             batch.delete_range(start, start + b"\xff" * 17)
-        batch.delete(info_key(ledger_id))
+        batch.delete(info_key(ledger_id), self._infos_cf)
         self._write(batch)
         self._infos.pop(ledger_id, None)
         self._singles.discard(ledger_id)
@@ -310,12 +338,14 @@ class RocksDBEngine:
     def sync(self) -> None:
         with self._sync_lock:
             with self._lock:
-                db = self._db
-            assert db is not None, "engine is closed"
-            # The durability point; both release the GIL while they write and fsync.
+                db, infos = self._db, self._infos_db
+            assert db is not None and infos is not None, "engine is closed"
+            # The durability point; both release the GIL while they write and fsync. One WAL
+            # serves both column families; without it, each flushes its own memtable.
             if self._wal:
                 db.flush_wal(True)
             else:
+                infos.flush(True)
                 db.flush(True)
             self._syncs += 1
 
@@ -331,6 +361,7 @@ class RocksDBEngine:
         """Close the DB and drop every reference, so RocksDB really closes and frees its LOCK."""
         with self._sync_lock, self._lock:
             db, self._db = self._db, None
+            self._infos_db = self._infos_cf = None  # handles also hold the LOCK
             if db is not None:
                 db.close()
             del db
@@ -367,8 +398,12 @@ def _open_db(directory: str, memtable_bytes: int, direct_io: bool, blob_files: b
         # compaction (the gain fell to 3 %); a blob file goes once all its entries are deleted.
         opts.set_enable_blob_files(True)
         opts.set_min_blob_size(BLOB_BYTES_MIN)
+    # Ledger infos in a column family of their own (INFOS_CF): see the module doc.
+    opts.create_missing_column_families(True)
+    infos = Options(raw_mode=True)
+    infos.set_write_buffer_size(1 << 20)  # infos are a few dozen bytes each
     try:
-        return Rdict(directory, opts)
+        return Rdict(directory, opts, column_families={INFOS_CF: infos})
     except Exception as e:  # rocksdict raises a bare Exception("IO error: ... lock ...")
         if "lock" in str(e).lower():
             raise OSError(

@@ -27,7 +27,7 @@ from bookkeeper_aio.engine import Engine, LedgerInfo
 from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
 from engines.files import FilesEngine, LogCorruptError
 from engines.memory import MemoryDisk, MemoryEngine
-from engines.rocksdb import RocksDBEngine
+from engines.rocksdb import INFOS_CF, RocksDBEngine
 
 # rocksdb-nowal: RocksDB without its WAL, as a bookie whose journal holds the data opens it.
 ENGINES = ["memory", "files", "rocksdb", "rocksdb-nowal"]
@@ -211,6 +211,60 @@ def test_rocksdb_refuses_a_dir_with_the_old_info_keys(tmp_path: Path) -> None:
     del db
     with pytest.raises(OSError, match="old b'l' keys"):
         RocksDBEngine(str(tmp_path))
+
+
+def _default_cf_keys(path: Path) -> list[bytes]:
+    from rocksdict import Options, Rdict
+
+    db = Rdict(
+        str(path), Options(raw_mode=True), column_families={INFOS_CF: Options(raw_mode=True)}
+    )
+    try:
+        return list(db.keys())
+    finally:
+        db.close()
+        del db
+
+
+@pytest.mark.parametrize("wal", [True, False])
+def test_rocksdb_keeps_ledger_infos_out_of_the_entries_ssts(tmp_path: Path, wal: bool) -> None:
+    """An info flushed with a new ledger's first batches made that SST span every key between
+    them (all batches of ledgers with smaller ids): each new ledger compacted older ones."""
+    e = RocksDBEngine(str(tmp_path), wal=wal)
+    for ledger_id in (9, 3):
+        e.put_ledger(ledger_id, LedgerInfo(master_key=b"k%d" % ledger_id))
+        e.put_entries(ledger_id, [(0, b"a"), (1, b"b")])
+        e.sync()
+    e.close()
+    assert {k[:1] for k in _default_cf_keys(tmp_path)} == {b"b"}
+    e = RocksDBEngine(str(tmp_path), wal=wal)
+    assert [e.get_ledger(i) for i in (3, 9)] == [
+        LedgerInfo(master_key=b"k3"),
+        LedgerInfo(master_key=b"k9"),
+    ]
+    e.delete_ledger(9)
+    e.close()
+    e = RocksDBEngine(str(tmp_path), wal=wal)
+    assert (e.get_ledger(9), e.ledgers(), e.get_entry(3, 1)) == (None, [3], b"b")
+    e.close()
+
+
+def test_rocksdb_moves_infos_of_an_older_dir_to_their_column_family(tmp_path: Path) -> None:
+    from rocksdict import Options, Rdict
+
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    db = Rdict(str(tmp_path), opts)  # as before 2026-11-23: infos among the entries
+    db[b"L" + (7).to_bytes(8, "big")] = LedgerInfo(master_key=b"old", fenced=True).to_bytes()
+    db[b"e" + (7).to_bytes(8, "big") + (0).to_bytes(8, "big")] = b"record"
+    db.close()
+    del db
+    for _ in range(2):
+        e = RocksDBEngine(str(tmp_path))
+        assert e.get_ledger(7) == LedgerInfo(master_key=b"old", fenced=True)
+        assert (e.ledgers(), e.get_entry(7, 0)) == ([7], b"record")
+        e.close()
+        assert [k[:1] for k in _default_cf_keys(tmp_path)] == [b"e"]
 
 
 @pytest.mark.parametrize("direct", [True, False])
