@@ -198,7 +198,7 @@ class RocksDBEngine:
         """Run ``walk`` on a fresh iterator (of ``db``, default the entries) and drop it: a live
         iterator keeps the LOCK held."""
         assert self._db is not None, "engine is closed"
-        it = (db or self._db).iter(ReadOptions())
+        it = (self._db if db is None else db).iter(ReadOptions())
         try:
             return walk(it)
         finally:
