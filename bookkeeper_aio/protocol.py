@@ -166,43 +166,24 @@ def pack_add_entries(entries: Iterable[tuple[int, int, int, int, bytes]]) -> byt
     return b"".join(parts)
 
 
-def unpack_add_entries(data: bytes, start: int = 0) -> list[tuple[int, int, int, int, bytes]]:
-    """The ``(entry_id, lac, payload_digest, digest, record)`` of packed entries from
-    ``start``; ``record`` is the stored form (header and payload), not the payload.
+CheckedEntry = tuple[int, int, int, int, memoryview, bool]
+
+
+def check_add_entries(ledger_id: int, data: bytes, start: int = 0) -> list[CheckedEntry]:
+    """The ``(entry_id, lac, payload_digest, digest, record, intact)`` of packed entries from
+    ``start``, unpacked and checked in one pass (what a bookie does with every add batch).
+    ``record`` is the stored form (header and payload), a view of ``data`` (no copy);
+    ``intact``: its payload hashes to ``payload_digest`` and its header (with ``ledger_id``)
+    to ``digest``.
 
     Raises:
         ValueError: an entry is cut short, or its record is shorter than its header.
     """
-    unpack, out, pos, end = ADD_ENTRY_HEAD.unpack_from, [], start, len(data)
+    unpack, view, pack = ADD_ENTRY_HEAD.unpack_from, memoryview(data), HEADER.pack
+    skip, out, pos, end = ENTRY_RECORD_HEADER.size, [], start, len(data)
     while pos < end:
         if end - pos < ADD_ENTRY_HEAD.size:
             raise ValueError(f"packed entries cut short at byte {pos - start}")
-        entry_id, size, lac, pdigest, digest = unpack(data, pos)
-        pos += PACKED_ENTRY_PREFIX.size
-        if size < ENTRY_RECORD_HEADER.size or end - pos < size:
-            raise ValueError(f"entry {entry_id}: record of {size} bytes does not fit")
-        out.append((entry_id, lac, pdigest, digest, data[pos : pos + size]))
-        pos += size
-    return out
-
-
-CheckedEntry = tuple[int, int, int, int, memoryview, bool]
-
-
-def check_add_entries(ledger_id: int, data: bytes) -> list[CheckedEntry]:
-    """The ``(entry_id, lac, payload_digest, digest, record, intact)`` of packed entries:
-    :func:`unpack_add_entries` and the bookie's digest check of every add in one pass.
-    ``record`` is a view of ``data`` (no copy); ``intact``: its payload hashes to
-    ``payload_digest`` and its header (with ``ledger_id``) to ``digest``.
-
-    Raises:
-        ValueError: as :func:`unpack_add_entries`.
-    """
-    unpack, view, pack = ADD_ENTRY_HEAD.unpack_from, memoryview(data), HEADER.pack
-    skip, out, pos, end = ENTRY_RECORD_HEADER.size, [], 0, len(data)
-    while pos < end:
-        if end - pos < ADD_ENTRY_HEAD.size:
-            raise ValueError(f"packed entries cut short at byte {pos}")
         entry_id, size, lac, pdigest, digest = unpack(data, pos)
         start = pos + PACKED_ENTRY_PREFIX.size
         pos = start + size

@@ -503,9 +503,9 @@ class LedgerWriter:
             # ack from a bookie being replaced must not complete an entry that the new
             # segment (starting at LAC + 1) assigns to its replacement.
             return
-        # self._pending each time: a callback may fail the writer, which swaps the deque.
-        while self._pending and self._pending[0].completed:
-            op = self._pending.popleft()
+        pending = self._pending
+        while pending and pending[0].completed:
+            op = pending.popleft()
             assert op.entry_id == self.last_add_confirmed + 1  # ordered completion
             self.last_add_confirmed = op.entry_id
             self.length += len(op.payload)
