@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 from hypothesis import given
@@ -230,15 +231,36 @@ def test_record_encoding_round_trips(records, seq):
         assert scan(other, seq).records == []
 
 
-async def test_io_thread_runs_calls_in_order_and_hands_errors_back():
-    io = journal_mod._IoThread("test-journal")
-    try:
-        order: list[int] = []
-        await asyncio.gather(*[io.call(order.append, i) for i in range(200)])
-        assert order == list(range(200))
-        with pytest.raises(ZeroDivisionError):
-            await io.call(lambda: 1 // 0)
-        assert await io.call(lambda: 7) == 7  # still serving after a failed call
-    finally:
-        io.stop()
-    assert not io._thread.is_alive()
+async def test_the_thread_writes_queued_batches_without_the_event_loop(tmp_path):
+    # BookKeeper's journal thread: records queued while a batch is written form the next
+    # batch, written at once, not when the event loop comes round to hand it over.
+    j = Journal(tmp_path, config(journal_batch_bytes_max=16 * KiB))
+    await j.start()
+    told: list[BaseException | None] = []
+    for _ in range(64):  # 64 KiB: at least four batches
+        j.append(REC_ENTRY, bytes(1 * KiB), told.append)
+    deadline = time.monotonic() + 10
+    while j.statistics().get("bytes", 0) < 64 * KiB and time.monotonic() < deadline:
+        time.sleep(0.001)  # noqa: ASYNC251 -- blocks the loop: only the journal thread goes on
+    stats = j.statistics()
+    assert stats["records"] == 64 and stats["batches"] >= 4, stats
+    assert told == []  # callbacks run on the event loop, which has not run since
+    await asyncio.sleep(0.1)
+    assert told == [None] * 64
+    await j.close()
+    assert not j._thread.is_alive()
+    assert len(replayed(tmp_path)) == 64
+
+
+async def test_close_writes_what_was_appended_before_it(tmp_path):
+    j = Journal(tmp_path, config(journal_batch_bytes_max=16 * KiB))
+    await j.start()
+    told: list[BaseException | None] = []
+    records = [(REC_ENTRY, os.urandom(3 * KiB)) for _ in range(40)]
+    for rtype, body in records:
+        j.append(rtype, body, told.append)
+    await asyncio.gather(j.close(), j.close())  # a second close waits too
+    assert told == [None] * 40
+    with pytest.raises(JournalFailedError):
+        j.append(REC_ENTRY, b"late", told.append)
+    assert replayed(tmp_path) == records
