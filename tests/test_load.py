@@ -38,6 +38,28 @@ def test_open_loop_sends_everything_due_per_tick_instead_of_spinning(monkeypatch
     assert min(sleeps) >= 0.001
 
 
+def test_callback_operations_reuse_their_slots():
+    """An operation through a callback send reuses a finished one's ``done``: no closure per
+    operation (~5 objects the cyclic GC tracks, ~1 µs of the client's CPU per add)."""
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        dones: list = []  # kept alive, so that no two distinct objects share an id
+
+        def send(done) -> None:
+            dones.append(done)
+            loop.call_soon(done, None, None)
+
+        closed = await closed_loop(send, 8, count=5_000, callbacks=True)
+        assert closed.entries == 5_000 and len({id(d) for d in dones}) == 8
+        dones.clear()
+        opened = await open_loop(send, 50_000, 0.1, outstanding_max=100_000, callbacks=True)
+        assert opened.entries == 5_000
+        assert len({id(d) for d in dones}) <= 1_000  # at most one tick's sends at once
+
+    uvloop.run(run())
+
+
 def test_closed_loop_with_callbacks_counts_values_errors_and_raises():
     """``callbacks=True``: send takes done(value, error), as the writes mode's append_callback."""
 
