@@ -147,7 +147,7 @@ class BookieConfig(_Config):
     # Journal: group commit bounded by bytes and by wait time, then fdatasync.
     journal_batch_bytes_max: int = 512 * KiB
     journal_batch_wait_ms: float = 0.0  # 0: write as soon as the disk is free (adaptive)
-    journal_queue_bytes_max: int = 64 * MiB  # records waiting for the disk; past it, stop reading
+    journal_queue_bytes_max: int = 64 * MiB  # appended, not yet durable; past it, stop reading
     journal_file_bytes_max: int = 256 * MiB  # roll over to a new file past this
     journal_preallocate_bytes: int = 16 * MiB  # zero-filled ahead so fdatasync skips metadata
     # Journal files opened O_DIRECT (not through the page cache) where the fs supports it.
