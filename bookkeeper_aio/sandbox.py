@@ -220,17 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path(args.dir or tempfile.mkdtemp(prefix="bookkeeper-aio-sandbox-"))
     with Cluster(root, args.bookies, args.engine) as cluster:
-        print(f"metadata URI: {cluster.uri}", flush=True)
-        for b in cluster.bookies:
-            print(f"bookie {b.address}  (log {b.log})", flush=True)
-        print("running; Ctrl-C stops everything", flush=True)
         # sigwait only returns for blocked signals (unblocked, SIGTERM killed this process and
         # left the cluster running), and never for ignored ones (a shell's background job
         # ignores SIGINT). Blocked only now: the servers started above keep default masks.
+        # And before "running" is printed: a signal sent as soon as that line appears was
+        # lost (SIGINT still ignored) or killed us (SIGTERM) when the block came after it.
         stop = {signal.SIGINT, signal.SIGTERM}
         for signum in stop:
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+        print(f"metadata URI: {cluster.uri}", flush=True)
+        for b in cluster.bookies:
+            print(f"bookie {b.address}  (log {b.log})", flush=True)
+        print("running; Ctrl-C stops everything", flush=True)
         signal.sigwait(stop)
     return 0
 
