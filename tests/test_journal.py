@@ -247,7 +247,8 @@ async def test_the_thread_writes_queued_batches_without_the_event_loop(tmp_path)
     assert told == []  # callbacks run on the event loop, which has not run since
     await asyncio.sleep(0.1)
     assert told == [None] * 64
-    await j.close()
+    async with asyncio.timeout(10):
+        await j.close()
     assert not j._thread.is_alive()
     assert len(replayed(tmp_path)) == 64
 
@@ -259,7 +260,8 @@ async def test_close_writes_what_was_appended_before_it(tmp_path):
     records = [(REC_ENTRY, os.urandom(3 * KiB)) for _ in range(40)]
     for rtype, body in records:
         j.append(rtype, body, told.append)
-    await asyncio.gather(j.close(), j.close())  # a second close waits too
+    async with asyncio.timeout(10):
+        await asyncio.gather(j.close(), j.close())  # a second close waits too
     assert told == [None] * 40
     with pytest.raises(JournalFailedError):
         j.append(REC_ENTRY, b"late", told.append)
