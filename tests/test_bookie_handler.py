@@ -19,11 +19,18 @@ from bookkeeper_aio.protocol import (
     READ_FLAG_LONG_POLL,
     AddBatchRequest,
     AddRequest,
+    AddResponse,
     BookieInfoRequest,
+    ErrorResponse,
     ListEntriesRequest,
+    MultiAddRequest,
     ReadLacRequest,
     ReadRequest,
     WriteLacRequest,
+    as_part,
+    decode_all,
+    encode,
+    multi_add_results,
     pack_add_entries,
 )
 from engines.memory import MemoryEngine
@@ -168,6 +175,31 @@ def test_a_journal_failure_fails_every_journaled_entry_of_a_batch():
     h.journal.sync(OSError("disk gone"))
     (reply,) = h.replies
     assert reply.status == StatusCode.IO_ERROR and reply.statuses == [StatusCode.IO_ERROR] * 2
+
+
+def test_a_multi_add_answers_each_part_as_if_it_had_come_alone_once_all_are_durable():
+    h = Harness()
+    other = L + 1
+    wire = [(0, -1, payload_digest(b"b0"), entry_digest(other, 0, -1, b"b0"), b"b0")]
+    parts = [
+        as_part(AddRequest(0, L, 0, 0, KEY, -1, b"a0", entry_digest(L, 0, -1, b"a0"))),
+        as_part(AddBatchRequest(0, other, 0, KEY, pack_add_entries(wire))),
+        [ReadRequest.OP, L, 0, 0, None, -1, 0],  # not an add: refused alone
+        as_part(AddRequest(0, L, 1, 0, OTHER_KEY, 0, b"a1", entry_digest(L, 1, 0, b"a1"))),
+    ]
+    assert h.send(MultiAddRequest, parts, sync=False) is None  # the adds wait for the journal
+    h.journal.sync()
+    (reply,) = decode_all(encode(h.replies[0]))  # as the client gets it
+    assert reply.status == StatusCode.OK
+    add, added_batch, refused, unauthorized = multi_add_results(reply)
+    assert add == AddResponse(h.rid, StatusCode.OK, L, 0)
+    assert (added_batch.status, added_batch.ledger_id, added_batch.statuses) == (
+        StatusCode.OK, other, [StatusCode.OK],
+    )  # fmt: skip
+    assert type(refused) is ErrorResponse and refused.status == StatusCode.BAD_REQUEST
+    assert unauthorized == AddResponse(h.rid, StatusCode.UNAUTHORIZED, L, 1)
+    assert h.read(0).payload == b"a0" and h.engine.get_entry(other, 0) is not None
+    assert h.send(MultiAddRequest, []).results == []  # nothing to add: answered at once
 
 
 def test_digest_mismatch_is_rejected_and_nothing_is_stored():

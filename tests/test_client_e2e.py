@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import signal
@@ -21,6 +22,9 @@ from bookkeeper_aio import (
     NotEnoughBookiesError,
     UnauthorizedError,
 )
+from bookkeeper_aio.digest import master_key
+from bookkeeper_aio.errors import BookieUnavailableError
+from bookkeeper_aio.protocol import AddRequest, SharedFrame
 from bookkeeper_aio.sandbox import Cluster, free_port
 
 pytestmark = pytest.mark.process
@@ -83,6 +87,40 @@ async def test_adds_of_one_loop_turn_go_to_each_bookie_in_one_frame(shared_clust
         reader = await bk.open_ledger(w.ledger_id, password=b"pw")
         got = await reader.read(1, 200)
         assert [e.payload for e in got] == [b"%d" % i for i in range(200)]
+
+
+async def test_small_adds_of_several_ledgers_in_one_turn_share_a_request(shared_cluster):
+    config = dataclasses.replace(CONFIG, explicit_lac_interval_s=60)  # only adds are sent
+    async with BookKeeper.connect(shared_cluster.uri, config) as bk:
+        writers = [await bk.create_ledger(3, 3, 2, password=b"pw") for _ in range(5)]
+        await asyncio.gather(*[w.append(b"first") for w in writers])
+        before = bk.ctx.pool.statistics()
+        futures = [
+            w.append_nowait(b"%d-%d" % (n, i)) for i in range(20) for n, w in enumerate(writers)
+        ]
+        assert await asyncio.gather(*futures) == [i + 1 for i in range(20) for _ in writers]
+        after = bk.ctx.pool.statistics()
+        # Each writer packs its adds for a bookie into one frame; of the frames for one
+        # bookie, the first leaves at once and the others together (one MultiAddRequest).
+        users = collections.Counter(b for w in writers for b in w.metadata.ensembles[0][1])
+        assert after["requests"] - before["requests"] == sum(1 + (n > 1) for n in users.values())
+        assert after["multi_adds"] - before["multi_adds"] == sum(n > 2 for n in users.values())
+        for n, w in enumerate(writers):
+            assert await read_all(bk, w.ledger_id) == [b"first"] + [
+                b"%d-%d" % (n, i) for i in range(20)
+            ]
+
+
+async def test_adds_waiting_for_the_end_of_the_turn_fail_with_their_connection(shared_cluster):
+    async with BookKeeper.connect(shared_cluster.uri, CONFIG) as bk:
+        address = shared_cluster.bookies[0].address
+        client = await bk.ctx.pool.get(address)
+        told: list[object] = []
+        for ledger_id in (901, 902, 903):
+            frame = SharedFrame(AddRequest, ledger_id, 0, 0, master_key(b"pw"), -1, b"x", 0)
+            client.request_shared(frame, told.append)
+        client.abort(BookieUnavailableError("test"))  # the 2nd and 3rd were not sent yet
+        assert len(told) == 3 and all(isinstance(t, BookieUnavailableError) for t in told)
 
 
 async def test_append_callback_tells_every_entry_once_in_order(shared_cluster, caplog):

@@ -35,6 +35,8 @@ from bookkeeper_aio.protocol import (
     HelloResponse,
     ListEntriesRequest,
     ListEntriesResponse,
+    MultiAddRequest,
+    MultiAddResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -42,10 +44,14 @@ from bookkeeper_aio.protocol import (
     SharedFrame,
     WriteLacRequest,
     WriteLacResponse,
+    as_part,
     check_add_entries,
     decode_all,
     encode,
+    multi_add_parts,
+    multi_add_results,
     pack_add_entries,
+    pack_multi_add,
 )
 
 i64 = st.integers(-(2**63), 2**63 - 1)
@@ -77,6 +83,20 @@ MESSAGES = st.one_of(
     st.builds(AddBatchRequest, i64, i64, i64, blob, blob),
     st.builds(AddBatchResponse, i64, i64, i64, st.lists(i64)),
 )
+ADDS = st.one_of(
+    st.builds(AddRequest, i64, i64, i64, i64, blob, i64, blob, u64),
+    st.builds(AddBatchRequest, i64, i64, i64, blob, blob),
+)
+ADD_ANSWERS = st.one_of(
+    st.builds(AddResponse, i64, i64, i64, i64),
+    st.builds(AddBatchResponse, i64, i64, i64, st.lists(i64)),
+    st.builds(ErrorResponse, i64, i64, text),
+)
+MESSAGES = (
+    MESSAGES
+    | st.builds(MultiAddRequest, i64, st.lists(ADDS.map(as_part), max_size=20))
+    | st.builds(MultiAddResponse, i64, i64, st.lists(ADD_ANSWERS.map(as_part), max_size=20))
+)
 
 
 @given(MESSAGES)
@@ -93,6 +113,36 @@ def test_a_shared_frame_is_byte_for_byte_the_plain_frame(msg, request_id):
     shared = SharedFrame(type(msg), *msg[1:])
     plain = encoder.encode(type(msg)(request_id, *msg[1:]))
     assert b"".join(shared.pieces(encoder.packer, request_id)) == plain
+
+
+@given(st.lists(ADDS, max_size=40), i64)
+def test_a_multi_add_of_shared_frames_is_the_plain_frame_and_gives_back_its_parts(adds, rid):
+    # A connection packs the small adds of one loop turn into one MultiAddRequest from the
+    # frames the writers packed (no repacking): byte for byte what encode() makes, and the
+    # bookie gets back each add as if it had come alone with the multi request's id.
+    encoder = FrameEncoder()
+    frames = [SharedFrame(type(m), *m[1:]) for m in adds]
+    multi = MultiAddRequest(rid, [as_part(m) for m in adds])
+    assert b"".join(pack_multi_add(encoder.packer, rid, frames)) == encoder.encode(multi)
+    (decoded,) = FrameDecoder(1 << 20).feed(encoder.encode(multi))
+    assert multi_add_parts(decoded) == [type(m)(rid, *m[1:]) for m in adds]
+
+
+@given(st.lists(ADD_ANSWERS, max_size=10), i64)
+def test_a_multi_add_response_gives_back_each_answer_with_its_request_id(answers, rid):
+    (decoded,) = decode_all(encode(MultiAddResponse(rid, 0, [as_part(a) for a in answers])))
+    assert multi_add_results(decoded) == [type(a)(rid, *a[1:]) for a in answers]
+
+
+def test_parts_that_are_not_adds_are_bad_frames_not_messages():
+    multi = MultiAddRequest(5, [[ReadRequest.OP, 1, 0, 0, None, -1, 0], [AddRequest.OP, 1]])
+    (decoded,) = decode_all(encode(multi))
+    read, short = multi_add_parts(decoded)
+    assert type(read) is BadFrame and "cannot be part" in read.reason
+    assert type(short) is BadFrame and short.request_id == 5
+    assert isinstance(decode_all(encode(MultiAddRequest(5, [[]])))[0], BadFrame)  # empty part
+    answers = MultiAddResponse(5, 0, [[HelloResponse.OP, 0, 3, "b"]])
+    assert type(multi_add_results(decode_all(encode(answers))[0])[0]) is BadFrame
 
 
 @settings(max_examples=60)

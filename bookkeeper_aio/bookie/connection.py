@@ -41,6 +41,8 @@ from ..protocol import (
     HelloRequest,
     HelloResponse,
     Message,
+    MultiAddRequest,
+    multi_add_bytes,
 )
 from .handler import error_response
 
@@ -145,6 +147,7 @@ class BookieConnection(asyncio.Protocol):
         size = (
             len(msg.payload) if type(msg) is AddRequest
             else len(msg.entries) if type(msg) is AddBatchRequest
+            else multi_add_bytes(msg) if type(msg) is MultiAddRequest
             else 0
         )  # fmt: skip
         if (

@@ -15,7 +15,9 @@ The journal is ordered, so one record's callback implies every earlier record is
 Checks on an add, in this order (so that nothing is stored unless every check passed):
 read-only (recovery adds pass), the end-to-end digest (BP-31), the master key, the fence
 (recovery adds pass). The order matches BookKeeper's ``BookieImpl.addEntry`` except that the
-digest comes first: a corrupt frame must not create a ledger as a side effect.
+digest comes first: a corrupt frame must not create a ledger as a side effect. A
+``MultiAddRequest`` is its parts handled one after another exactly so, answered once the last
+part has its answer.
 
 This handler keeps no per-request task: at 100k adds/s a task per add costs more than the add.
 """
@@ -26,6 +28,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from ..config import BookieConfig
@@ -49,19 +52,24 @@ from ..protocol import (
     AddBatchResponse,
     AddRequest,
     AddResponse,
+    BadFrame,
     BookieInfoRequest,
     BookieInfoResponse,
     ErrorResponse,
     ListEntriesRequest,
     ListEntriesResponse,
     Message,
+    MultiAddRequest,
+    MultiAddResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
     WriteLacRequest,
     WriteLacResponse,
+    as_part,
     check_add_entries,
+    multi_add_parts,
 )
 from .journal import (
     REC_ENTRIES,
@@ -113,6 +121,7 @@ class RequestHandler:
         self._dispatch: dict[type, Callable[[Any, Reply], None]] = {
             AddRequest: self._add,
             AddBatchRequest: self._add_batch,
+            MultiAddRequest: self._multi_add,
             ReadRequest: self._read,
             ReadLacRequest: self._read_lac,
             WriteLacRequest: self._write_lac,
@@ -262,6 +271,29 @@ class RequestHandler:
             self.journal.append(REC_ENTRIES, (LEDGER_KEY.pack(lid), req.entries), durable)
         else:
             self.journal.append(*entries_record(lid, journaled), durable)
+
+    def _multi_add(self, req: MultiAddRequest, reply: Reply) -> None:
+        """Each part as if it had come alone; one answer once every part has its own."""
+        parts = multi_add_parts(req)
+        results: list[list[Any]] = [[] for _ in parts]
+        left = len(parts)
+
+        def answered(index: int, response: Message) -> None:
+            nonlocal left
+            results[index] = as_part(response)
+            left -= 1
+            if not left:
+                reply(MultiAddResponse(req.request_id, OK, results))
+
+        if not parts:
+            reply(MultiAddResponse(req.request_id, OK, results))
+            return
+        for index, part in enumerate(parts):
+            if type(part) is BadFrame:
+                self.counters["add_bad_request"] += 1
+                answered(index, ErrorResponse(req.request_id, StatusCode.BAD_REQUEST, part.reason))
+            else:
+                self.handle(part, partial(answered, index))
 
     def _store(
         self,
@@ -543,6 +575,8 @@ def error_response(request: Message, status: int) -> Message:
         return AddResponse(rid, status, request.ledger_id, request.entry_id)
     if isinstance(request, AddBatchRequest):
         return AddBatchResponse(rid, status, request.ledger_id, [])
+    if isinstance(request, MultiAddRequest):
+        return MultiAddResponse(rid, status, [])
     if isinstance(request, ReadRequest):
         return ReadResponse(rid, status, request.ledger_id, request.entry_id, *[None] * 4)
     if isinstance(request, ReadLacRequest):

@@ -5,8 +5,13 @@ Theory of operation
 :class:`BookieClient` is an asyncio ``Protocol``. :meth:`BookieClient.request` builds a request
 with a fresh request id, queues its frame and returns a future; frames queued in one loop
 iteration leave in one ``writelines`` call. Responses are matched to futures by request id, in
-whatever order the bookie answers. A response resolves its future whatever its status (callers
-interpret statuses); an ``ErrorResponse`` resolves it with the matching exception.
+whatever order the bookie answers. Adds packed by writers (:meth:`BookieClient.request_shared`)
+go out at once when they are the connection's first request of a loop turn or large; the
+small adds (of other writers) that follow in the same turn leave together at its end, as one
+``MultiAddRequest`` (at most ``add_batch_entries_max`` parts and ``add_batch_bytes_max``
+bytes), and each writer gets the answer its own request would have had. A response resolves
+its future whatever its status (callers interpret statuses); an ``ErrorResponse`` resolves it
+with the matching exception.
 
 Deadlines: every request has one (``request_timeout_s`` unless given). Instead of one timer per
 request, a sweeper wakes every ``timeout_sweep_interval_s`` and fails requests whose deadline
@@ -45,6 +50,7 @@ from ..errors import (
 from ..net import Network
 from ..protocol import (
     ADD_FLAG_RECOVERY,
+    MULTI_ADD_PART_OPS,
     PROTOCOL_VERSION,
     READ_FLAG_FENCE,
     READ_FLAG_LONG_POLL,
@@ -59,6 +65,7 @@ from ..protocol import (
     HelloRequest,
     ListEntriesRequest,
     ListEntriesResponse,
+    MultiAddResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -66,11 +73,16 @@ from ..protocol import (
     SharedFrame,
     WriteLacRequest,
     WriteLacResponse,
+    multi_add_results,
+    pack_multi_add,
 )
 
 log = logging.getLogger(__name__)
 
 WRITE_CHUNK_BYTES = 256 * 1024  # handed to the transport per call while it is writable
+# An add request this big goes alone: sharing a frame saves little beside its own cost, and a
+# single writer's full batches (the 1-ledger benchmark) would only wait for the end of the turn.
+MULTI_ADD_PART_BYTES_MAX = 64 * 1024
 
 
 class BookieClient(asyncio.Protocol):
@@ -88,11 +100,14 @@ class BookieClient(asyncio.Protocol):
         # a future costs an allocation plus a call_soon hop per response (profiled: about a
         # fifth of the client's CPU per add).
         self._pending: dict[int, tuple[Callable[[Any], None], float, int]] = {}
-        self.backlog_bytes = 0  # bytes of the requests sent and not yet answered
+        self.backlog_bytes = 0  # bytes of the requests queued or sent and not yet answered
         self.on_drain: Callable[[], None] | None = None  # called when backlog_bytes fell
         self._next_id = 1
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        # Adds of this loop turn after its first request: one MultiAddRequest at its end.
+        self._parts: list[tuple[SharedFrame, Callable[[Any], None]]] = []
+        self._parts_bytes = 0
         self._closed: BaseException | None = None
         self._writable = asyncio.Event()
         self._writable.set()
@@ -100,7 +115,8 @@ class BookieClient(asyncio.Protocol):
         self._capacity.set()
         self._sweeper: asyncio.TimerHandle | None = None
         self.lost = asyncio.Event()
-        self.stats = {"requests": 0, "responses": 0, "timeouts": 0, "late_responses": 0}
+        self.stats = {"requests": 0, "responses": 0, "timeouts": 0, "late_responses": 0,
+                      "multi_adds": 0}  # fmt: skip
 
     # --- connect --------------------------------------------------------------------------
 
@@ -220,13 +236,50 @@ class BookieClient(asyncio.Protocol):
     def request_shared(
         self, frame: SharedFrame, callback: Callable[[Any], None], timeout_s: float | None = None
     ) -> None:
-        """:meth:`request_callback` for a request packed once for several bookies, written
-        at once: its caller (the writer's end-of-turn flush) already batched it."""
+        """:meth:`request_callback` for a request packed once for several bookies (its caller,
+        the writer's end-of-turn flush, already batched it). Written at once when it is the
+        first request of this loop turn (one add outstanding waits for nothing); an add after
+        it in the turn becomes a part of the turn's ``MultiAddRequest`` (module docstring)."""
         self._check_room()
+        if (
+            self._flush_scheduled
+            and frame.op in MULTI_ADD_PART_OPS
+            and frame.part_size < MULTI_ADD_PART_BYTES_MAX
+            and timeout_s is None
+        ):
+            config = self.config
+            if self._parts and (
+                len(self._parts) >= config.add_batch_entries_max
+                or self._parts_bytes + frame.part_size > config.add_batch_bytes_max
+            ):
+                self._send_parts()
+            self._parts.append((frame, callback))
+            self._parts_bytes += frame.part_size
+            self.backlog_bytes += frame.part_size  # a writer's backpressure counts it now
+            return
         pieces = frame.pieces(self._encoder.packer, self._next_id)
         self._register(callback, timeout_s, sum(map(len, pieces)))
         self._out += pieces
-        self._flush()  # saves a loop iteration per add when one add is outstanding
+        if not self._flush_scheduled:
+            self._flush()
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)  # the turn's later requests, together
+
+    def _send_parts(self) -> None:
+        """Queue the parts gathered so far as one request (a lone part as itself)."""
+        parts, self._parts = self._parts, []
+        self.backlog_bytes -= self._parts_bytes  # counted again, framed, by _register
+        self._parts_bytes = 0
+        packer = self._encoder.packer
+        if len(parts) == 1:
+            frame, callback = parts[0]
+            pieces = list(frame.pieces(packer, self._next_id))
+        else:
+            pieces = pack_multi_add(packer, self._next_id, [frame for frame, _ in parts])
+            callback = partial(_answer_parts, [callback for _, callback in parts], self.address)
+            self.stats["multi_adds"] += 1
+        self._register(callback, None, sum(map(len, pieces)))
+        self._out += pieces
 
     def _check_room(self) -> None:
         if self._closed is not None:
@@ -259,6 +312,8 @@ class BookieClient(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._parts:
+            self._send_parts()
         transport = self._transport
         if not self._out or transport is None or transport.is_closing():
             return
@@ -300,8 +355,11 @@ class BookieClient(asyncio.Protocol):
         if self._sweeper is not None:
             self._sweeper.cancel()
         pending, self._pending = self._pending, {}
+        parts, self._parts, self._parts_bytes = self._parts, [], 0
         self.backlog_bytes = 0
         for deliver, _, _ in pending.values():
+            _deliver(deliver, exc)
+        for _, deliver in parts:
             _deliver(deliver, exc)
         self._capacity.set()
         self._writable.set()
@@ -545,6 +603,26 @@ def _settle(fut: asyncio.Future[Any], result: Any) -> None:
             fut.set_exception(result)
         else:
             fut.set_result(result)
+
+
+def _answer_parts(callbacks: list[Callable[[Any], None]], address: str, result: Any) -> None:
+    """Give each part of a MultiAddRequest its own answer (the response it would have had
+    alone), or the whole request's fate: an exception, or a response refusing it all."""
+    if type(result) is MultiAddResponse:
+        if len(result.results) == len(callbacks):
+            for callback, response in zip(callbacks, multi_add_results(result), strict=True):
+                if type(response) is ErrorResponse:
+                    response = error_for_status(response.status, f"{address}: {response.message}")
+                elif type(response) is BadFrame:
+                    response = ProtocolError(f"bookie {address} sent a bad part: {response.reason}")
+                _deliver(callback, response)
+            return
+        if result.status == StatusCode.OK:
+            result = ProtocolError(
+                f"bookie {address} answered {len(result.results)} of {len(callbacks)} parts"
+            )
+    for callback in callbacks:
+        _deliver(callback, result)
 
 
 def _deliver(callback: Callable[[Any], None], result: Any) -> None:
