@@ -521,7 +521,7 @@ class SharedFrame:
     ``FrameEncoder().encode(msg_type(request_id, *fields))``.
     """
 
-    __slots__ = ("_head", "_part", "_size", "_tail", "op", "part_size")
+    __slots__ = ("_head", "_part", "_tail", "op", "part_size")
 
     def __init__(self, msg_type: type, *fields: Any) -> None:
         assert len(fields) + 2 < 16, "fixarray only"
@@ -537,12 +537,13 @@ class SharedFrame:
         op = msgpack.packb(self.op)
         self._head = bytes([0x90 | (len(fields) + 2)]) + op
         self._part = (bytes([0x90 | (len(fields) + 1)]) + op, *self._tail)
-        self._size = len(self._head) + sum(map(len, self._tail))
-        self.part_size = self._size  # its bytes inside a MultiAddRequest (same head length)
+        # The frame's bytes after its request id; also its bytes as a part of a
+        # MultiAddRequest (its array header is as long: one byte either way).
+        self.part_size = len(self._head) + sum(map(len, self._tail))
 
     def pieces(self, packer: msgpack.Packer, request_id: int) -> tuple[bytes, ...]:
         rid = packer.pack(request_id)
-        return (FRAME_HEADER.pack(self._size + len(rid)) + self._head + rid, *self._tail)
+        return (FRAME_HEADER.pack(self.part_size + len(rid)) + self._head + rid, *self._tail)
 
 
 def pack_multi_add(
@@ -551,22 +552,13 @@ def pack_multi_add(
     """The frame of a :class:`MultiAddRequest` whose parts are the adds of ``frames``, in
     pieces (the frames' shared bytes are not copied): its concatenation is exactly
     ``encode(MultiAddRequest(request_id, [[op, field, ...] of each frame]))``."""
-    head = bytes((0x93,)) + packer.pack(MultiAddRequest.OP) + packer.pack(request_id)
-    head += _array_header(len(frames))
+    head = packer.pack_array_header(3) + packer.pack(MultiAddRequest.OP) + packer.pack(request_id)
+    head += packer.pack_array_header(len(frames))
     pieces = [b"", head]
     for frame in frames:
         pieces += frame._part
     pieces[0] = FRAME_HEADER.pack(len(head) + sum(frame.part_size for frame in frames))
     return pieces
-
-
-def _array_header(size: int) -> bytes:
-    """msgpack's header of an array of ``size`` items (fixarray, array 16 or 32)."""
-    if size < 16:
-        return bytes((0x90 | size,))
-    if size < 1 << 16:
-        return b"\xdc" + size.to_bytes(2, "big")
-    return b"\xdd" + size.to_bytes(4, "big")
 
 
 def _bin_header(size: int) -> bytes:

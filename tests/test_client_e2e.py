@@ -98,7 +98,9 @@ async def test_small_adds_of_several_ledgers_in_one_turn_share_a_request(shared_
         futures = [
             w.append_nowait(b"%d-%d" % (n, i)) for i in range(20) for n, w in enumerate(writers)
         ]
-        assert await asyncio.gather(*futures) == [i + 1 for i in range(20) for _ in writers]
+        async with asyncio.timeout(10):
+            ids = await asyncio.gather(*futures)
+        assert ids == [i + 1 for i in range(20) for _ in writers]
         after = bk.ctx.pool.statistics()
         # Each writer packs its adds for a bookie into one frame; of the frames for one
         # bookie, the first leaves at once and the others together (one MultiAddRequest).
