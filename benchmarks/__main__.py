@@ -3,7 +3,8 @@
 Modes: writes (BenchThroughputLatency: closed loop or --rate), reads, tail, recovery (client
 benchmarks against etcd + bookie processes started here, or --metadata URI), bookie (one
 bookie, no client), journal (one bookie with and without the journal), overload (client and
-bookie memory when writers push faster than the bookies sync), all.
+bookie memory when writers push faster than the bookies sync), floor (one add through minimal
+servers with the same I/O and network: this machine's floor), all.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import uvloop
 
-from . import bookie, journal, overload, reads, recovery, suite, tail, writes
+from . import bookie, floor, journal, overload, reads, recovery, suite, tail, writes
 from .cluster import ClusterStartError
 
 MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]] = {
@@ -27,6 +28,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
     "recovery": (recovery, recovery.run_recovery, "open-with-recovery of abandoned ledgers"),
     "bookie": (bookie, bookie.run_bookie_bench, "one bookie: latency and throughput"),
     "journal": (journal, journal.run_journal, "one bookie with/without the journal"),
+    "floor": (floor, floor.run_floor, "one add through minimal servers: the machine's floor"),
     "overload": (overload, overload.run_overload, "writers faster than the bookies: RSS"),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
 }

@@ -134,3 +134,15 @@ def test_overload_stays_within_its_memory_bound(tmp_path):
     result = json.loads(out.read_text())
     assert result["entries_per_s"] > 0 and result["within_bound"] is True
     assert result["client_rss_max_mib"] <= result["client_rss_bound_mib"]
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_floor(tmp_path, inline):
+    # Both variants start their servers, measure (run_benchmark checks the JSON keys and a
+    # rate above zero: every add got its quorum of answers) and stop them.
+    flags = ["--inline"] if inline else []
+    result = run_benchmark(
+        tmp_path, "floor", "--adds", "200", "--entry-size", "256", "--dir", str(tmp_path),
+        *flags,
+    )  # fmt: skip
+    assert result["system"].startswith("floor (inline)" if inline else "floor (journal thread)")
