@@ -1,14 +1,15 @@
-"""``floor``: the one-add floor of this machine — the same I/O and network, none of our code.
+"""``floor``: one add through minimal servers doing the journal's I/O — this machine's floor.
 
     python -m benchmarks floor --adds 5000 --entry-size 1024 --ack-quorum 2 --json out.json
 
 Three minimal uvloop servers (processes, loopback TCP) each append what they receive to a
-preallocated O_DIRECT file with one ``pwrite`` of whole 4 KiB blocks and an ``fdatasync``, on a
-journal thread (``SimpleQueue`` in, ``call_soon_threadsafe`` out) as the bookie's journal does,
-or ``--inline`` on the event loop; then they answer with the request's sequence number. A client
-sends one entry at a time to all three and waits for ``--ack-quorum`` answers to *that* entry.
-No protocol, no digests, no storage engine, no metadata: what one add outstanding costs on this
-machine before any of our code runs. ``writes --outstanding 1`` divided by this is our overhead
+preallocated O_DIRECT file with the journal's own ``BlockWriter`` (one ``pwrite`` of whole 4 KiB
+blocks, rewriting the partial last one) and an ``fdatasync``, on a journal thread
+(``SimpleQueue`` in, ``call_soon_threadsafe`` out) as the bookie's journal does, or ``--inline``
+on the event loop; then they answer with the request's sequence number. A client sends one entry
+at a time to all three and waits for ``--ack-quorum`` answers to *that* entry. No protocol, no
+digests, no storage engine, no metadata: what one add outstanding costs on this machine before
+our request path runs. ``writes --outstanding 1`` divided by this is our overhead
 (docs/performance.md, tenth round). The first fifth of the adds is not measured (warm-up).
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import mmap
 import os
 import queue
 import sys
@@ -26,10 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bookkeeper_aio.direct_io import BlockWriter, open_file, write_zeros
+
 from .stats import latency_summary, print_table, write_json
 
-BLOCK_BYTES = 4096
-FILE_BYTES = 8 << 20  # preallocated with real zeros and rewritten in a circle
+FILE_BYTES = 8 << 20  # preallocated with real zeros and rewritten from the start when full
 SEQ_BYTES = 8  # a message starts with its sequence number, then its size
 ENTRY_BYTES_MAX = 1 << 20  # well inside the file
 SERVERS = 3
@@ -55,23 +56,22 @@ def serve(directory: str, inline: bool) -> None:
     import uvloop
 
     path = Path(directory) / f"floor-{os.getpid()}.log"
-    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o644)
-    buf = mmap.mmap(-1, FILE_BYTES)  # page-aligned, as O_DIRECT wants
-    for offset in range(0, FILE_BYTES, 1 << 20):
-        os.pwrite(fd, memoryview(buf)[: 1 << 20], offset)
+    fd, _ = open_file(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC)
+    write_zeros(fd, 0, FILE_BYTES)
     os.fsync(fd)
-    position = 0
+    writer = BlockWriter(fd)
 
     def append(data: bytes) -> None:
-        # Like the journal's BlockWriter: rewrite the partial last block, whole blocks only.
-        nonlocal position
-        at = position % (FILE_BYTES - BLOCK_BYTES - len(data))
-        start = at - at % BLOCK_BYTES
-        end = -(-(at + len(data)) // BLOCK_BYTES) * BLOCK_BYTES
-        buf[at : at + len(data)] = data
-        os.pwrite(fd, memoryview(buf)[start:end], start)
+        nonlocal writer
+        if writer.position + len(data) > FILE_BYTES:  # stay inside the preallocated zeros
+            writer.close()
+            writer = BlockWriter(fd)
+        writer.append([data], writer.position)
         os.fdatasync(fd)
-        position = at + len(data)
+
+    def answer(transport: asyncio.Transport, message: bytes) -> None:
+        if not transport.is_closing():  # the client may be gone before the last answers
+            transport.write(message[:SEQ_BYTES])
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -81,7 +81,7 @@ def serve(directory: str, inline: bool) -> None:
             while True:
                 data, transport = records.get()
                 append(data)
-                loop.call_soon_threadsafe(transport.write, data[:SEQ_BYTES])
+                loop.call_soon_threadsafe(answer, transport, data)
 
         threading.Thread(target=journal, daemon=True).start()
 
@@ -103,7 +103,7 @@ def serve(directory: str, inline: bool) -> None:
                     message, data = data[:size], data[size:]
                     if inline:
                         append(message)
-                        self.transport.write(message[:SEQ_BYTES])
+                        answer(self.transport, message)
                     else:
                         records.put((message, self.transport))
                 self.pending = data
@@ -115,6 +115,7 @@ def serve(directory: str, inline: bool) -> None:
     try:
         uvloop.run(main())
     finally:
+        writer.close()
         os.close(fd)
         path.unlink(missing_ok=True)
 
@@ -156,7 +157,7 @@ async def run_floor(args: argparse.Namespace) -> dict[str, Any]:
         "mb_per_s": len(latencies) * args.entry_size / elapsed / 1e6 if elapsed else 0.0,
         **latency_summary(latencies),
     }
-    print_table("one add at a time, no bookkeeper-aio code", [result])
+    print_table("one add at a time, minimal servers (no request path)", [result])
     write_json(args.json, result)
     return result
 
