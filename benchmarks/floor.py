@@ -123,7 +123,9 @@ def serve(directory: str, inline: bool) -> None:
 # --- the client ----------------------------------------------------------------------------
 
 
-async def run_floor(args: argparse.Namespace) -> dict[str, Any]:
+async def run_floor(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
+    """Start the servers, add one entry at a time, stop them; print (unless ``quiet``) and
+    return the result."""
     if not 1 <= args.ack_quorum <= SERVERS:
         raise SystemExit(f"--ack-quorum must be 1..{SERVERS}")
     if not SEQ_BYTES * 2 <= args.entry_size <= ENTRY_BYTES_MAX:
@@ -157,7 +159,8 @@ async def run_floor(args: argparse.Namespace) -> dict[str, Any]:
         "mb_per_s": len(latencies) * args.entry_size / elapsed / 1e6 if elapsed else 0.0,
         **latency_summary(latencies),
     }
-    print_table("one add at a time, minimal servers (no request path)", [result])
+    if not quiet:
+        print_table("one add at a time, minimal servers (no request path)", [result])
     write_json(args.json, result)
     return result
 

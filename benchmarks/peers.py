@@ -92,4 +92,6 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
     if result.get("disk_group_commit_entries_per_s"):
         out["ratio_vs_disk"] = result["entries_per_s"] / result["disk_group_commit_entries_per_s"]
         out["ratio_p50_vs_fsync"] = result["p50_ms"] / result["disk_fsync_p50_ms"]
+    if result.get("floor_p50_ms"):
+        out["ratio_p50_vs_floor"] = result["p50_ms"] / result["floor_p50_ms"]
     return out

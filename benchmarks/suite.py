@@ -1,11 +1,12 @@
 """``all``: every benchmark once, then one table (what ``make bench`` runs with ``--short``).
 
-Order: the disk's limits (first, while nothing of ours is being written back), one bookie,
+Order: the disk's limits (first, while nothing of ours is being written back), the floor (one
+add at a time through minimal servers: the baseline of the 1-outstanding row), one bookie,
 journal on/off, then one local cluster (etcd + 3 bookies) for the client benchmarks (writes at
 1, 128 and 1000 outstanding and an open loop at half the closed-loop rate, tail, reads,
 recovery), then a fresh cluster for writes to 100 ledgers at once (1000 outstanding), then the
 3-member etcd peer at the same concurrencies. ``--short`` gives each
-measured phase 5 s (the whole run takes under two minutes on a 2-vCPU machine); without it,
+measured phase 5 s (the whole run takes about two minutes on a 2-vCPU machine); without it,
 30 s.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import bookie, journal, overload, reads, recovery, tail, writes
+from . import bookie, floor, journal, overload, reads, recovery, tail, writes
 from .cluster import local_cluster
 from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
@@ -49,6 +50,9 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-all-") as tmp:
         scratch = Path(tmp)
         disk = disk_limits(scratch, 1024, 2.0)  # first: nothing of ours is being written back
+        adds = "2000" if args.short else "10000"  # ~1 s and ~4 s at ~0.35 ms an add
+        argv = ["--adds", adds, "--dir", tmp]
+        results["floor"] = await floor.run_floor(mode_args(floor, argv), quiet=True)
         results["bookie"] = await bookie.run_bookie_bench(mode_args(bookie, common), quiet=True)
         results["journal"] = await journal.run_journal(mode_args(journal, common), quiet=True)
         async with local_cluster(scratch / "cluster", 3) as cluster:
@@ -60,6 +64,8 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             results["writes_many"] = many
         etcd = await etcd_peer(scratch, list(WRITE_OUTSTANDINGS), float(d), 1024)
         results["overload"] = await overload.run_overload(mode_args(overload, common), quiet=True)
+    # The floor is one add at a time: the baseline of the 1-outstanding row only.
+    results["writes_c1"]["floor_p50_ms"] = results["floor"]["p50_ms"]
     for n in WRITE_OUTSTANDINGS:
         r = results[f"writes_c{n}"]
         r.update(etcd_fields(etcd[n]))
@@ -103,6 +109,8 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
     for n in WRITE_OUTSTANDINGS:
         r = results[f"writes_c{n}"]
         note = f"x{r['ratio_vs_etcd']:.2f} etcd rate, x{r['ratio_p99_vs_etcd']:.2f} etcd p99"
+        if "ratio_p50_vs_floor" in r:
+            note += f", x{r['ratio_p50_vs_floor']:.2f} floor p50"
         rows.append(_row(f"writes E3/WQ3/AQ2, {n} outstanding", r, _with_cpu(note, r)))
     r = results["writes_rate"]
     note = _with_cpu("latency from intended send", r)
@@ -122,6 +130,8 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
     rows.append(_row("overload: 4 writers x 64 KiB", r, note))
     for n, r in results["etcd"].items():
         rows.append(_row(f"peer: etcd 3 members, {n} outstanding", r, "aetcd puts"))
+    note = "our I/O, no protocol"
+    rows.append(_row("peer: floor, 1 add, 3 minimal servers", results["floor"], note))
     disk = results["disk"]
     rows.append({**_row("peer: disk, 1 entry per fdatasync", {}, ""),
                  "entries/s": disk["disk_fsync_per_s"], "p50_ms": disk["disk_fsync_p50_ms"],

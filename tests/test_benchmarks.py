@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import machine
+from benchmarks.peers import ratios
 from bookkeeper_aio.sandbox import Cluster
 
 pytestmark = pytest.mark.process
@@ -146,3 +147,11 @@ def test_floor(tmp_path, inline):
         *flags,
     )  # fmt: skip
     assert result["system"].startswith("floor (inline)" if inline else "floor (journal thread)")
+
+
+def test_ratios_against_the_floor():
+    # `all` gives only the 1-outstanding row a floor; a row without one gets no such ratio.
+    row = {"entries_per_s": 1500.0, "p50_ms": 0.6, "p99_ms": 1.5, "floor_p50_ms": 0.3}
+    assert ratios(row) == {"ratio_p50_vs_floor": pytest.approx(2.0)}
+    del row["floor_p50_ms"]
+    assert ratios(row) == {}
