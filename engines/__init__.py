@@ -21,6 +21,7 @@ def open_engine(
     journaled: bool = False,
     direct_io: bool = True,
     blob_files: bool = False,
+    write_behind_bytes: int = 0,
 ) -> Engine:
     """Open the named engine over ``ledger_dirs`` (one engine per dir, sharded if several).
 
@@ -29,6 +30,8 @@ def open_engine(
     durable). ``direct_io``: write around the page cache where the dir's file system allows it
     (rocksdb: flushes and compactions; see bookkeeper_aio/direct_io.py). ``blob_files``:
     rocksdb keeps payloads in blob files (engines/rocksdb.py); the other engines ignore it.
+    ``write_behind_bytes``: rocksdb, journaled only: puts gather in one write batch up to this
+    many bytes before they reach the DB (reads write it first); the other engines ignore it.
 
     Raises:
         ConfigError: unknown engine name or no ledger dir.
@@ -49,7 +52,8 @@ def open_engine(
         from .rocksdb import RocksDBEngine
 
         def make(d: str) -> Engine:
-            return RocksDBEngine(d, wal=not journaled, direct_io=direct_io, blob_files=blob_files)
+            return RocksDBEngine(d, wal=not journaled, direct_io=direct_io, blob_files=blob_files,
+                                 write_behind_bytes=write_behind_bytes)  # fmt: skip
     else:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
     shards: list[Engine] = []

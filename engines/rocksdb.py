@@ -40,10 +40,15 @@ contiguous key range (``seek`` walks it, ``seek_for_prev`` finds its last, ``del
 drops it). A write batch spanning both families is still atomic; one WAL serves both, and
 without it ``sync()`` flushes both memtables.
 
-Every write reaches the DB at once (``sync=False``): a call's entries as one ``WriteBatch``,
-so reads see them with no overlay of our own. (Until 2026-11 writes gathered in a batch of up
-to 1 MiB behind an overlay dict; each entry then cost a dict insert and every read an overlay
-check, ~0.3 µs of Python per entry, to save a ``write`` call per request that costs ~2.5 µs.)
+Writes (``sync=False``) go into one staged ``WriteBatch``. With the WAL (``wal=True``) it
+reaches the DB at the end of each call. Without it (below) it may gather several calls, up to
+``write_behind_bytes``: a write is then no more volatile there than in the memtable, and one
+add at a time no longer pays RocksDB's ``write`` per add on cold caches (~25 µs of a bookie's
+CPU per add in situ, ~8 µs in a cold microbenchmark; docs/performance.md, twelfth round).
+Every read of the DB, ``sync()``, ``delete_ledger`` and ``put_ledger`` write the staged batch
+first, under the same lock, so reads need no overlay of our own. (Until 2026-11 writes
+gathered behind an overlay dict; each entry then cost a dict insert and every read an overlay
+check, ~0.3 µs of Python per entry.)
 ``sync()`` calls ``flush_wal(True)``: the WAL fsync is the durability point, and rocksdict
 runs it without the GIL. After a crash RocksDB replays the WAL in point-in-time mode: a torn
 tail is dropped and nothing after it is applied, so a lost write is absent and a present one
@@ -123,9 +128,15 @@ class RocksDBEngine:
         direct_io: bool = True,
         blob_files: bool = False,
         batch_cache_bytes: int = 8 << 20,
+        write_behind_bytes: int = 0,
     ) -> None:
         self.directory = os.path.abspath(directory)
         self._wal = wal
+        # Without the WAL a write is as volatile in a WriteBatch as in the memtable: entries
+        # may gather there (module docstring). With it, a write must reach the WAL at once.
+        self._write_behind_bytes = 0 if wal else write_behind_bytes
+        self._staged: WriteBatch | None = None  # writes not in the DB yet (under _lock)
+        self._staged_bytes = 0
         os.makedirs(self.directory, exist_ok=True)
         self._db: Rdict | None = _open_db(self.directory, memtable_bytes, direct_io, blob_files)
         self._infos_db: Rdict | None = self._db.get_column_family(INFOS_CF)
@@ -198,6 +209,7 @@ class RocksDBEngine:
         """Run ``walk`` on a fresh iterator (of ``db``, default the entries) and drop it: a live
         iterator keeps the LOCK held."""
         assert self._db is not None, "engine is closed"
+        self._write_staged()
         it = (self._db if db is None else db).iter(ReadOptions())
         try:
             return walk(it)
@@ -215,7 +227,6 @@ class RocksDBEngine:
         if not entries:
             return
         last = self.last_entry_id(ledger_id)
-        batch = WriteBatch(raw_mode=True)
         if _ascending_above(entries, last):
             first, last = entries[0][0], entries[-1][0]
             if packed is None:
@@ -223,14 +234,21 @@ class RocksDBEngine:
                 for entry_id, record in entries:
                     parts += (PACKED_ENTRY_PREFIX.pack(entry_id, len(record)), record)
                 packed = b"".join(parts)
-            batch.put(_BATCH_KEY.pack(b"b", ledger_id, first, last), packed)
-            self._write(batch)
+            with self._lock:
+                batch = self._stage()
+                batch.put(_BATCH_KEY.pack(b"b", ledger_id, first, last), packed)
+                self._staged_bytes += len(packed)
+                self._write_staged(self._write_behind_bytes)
             self._batched.add(ledger_id)
         else:
-            pack, put = _ENTRY_KEY.pack, batch.put
-            for entry_id, record in entries:
-                put(pack(b"e", ledger_id, entry_id), bytes(record))  # a view: rocksdict wants bytes
-            self._write(batch)
+            pack = _ENTRY_KEY.pack
+            with self._lock:
+                put = self._stage().put
+                for entry_id, record in entries:
+                    # a view: rocksdict wants bytes
+                    put(pack(b"e", ledger_id, entry_id), bytes(record))
+                    self._staged_bytes += len(record)
+                self._write_staged(self._write_behind_bytes)
             self._singles.add(ledger_id)
             last = max(last, max(entries)[0])
         self._last[ledger_id] = last
@@ -246,13 +264,14 @@ class RocksDBEngine:
             ledger_id in self._infos or ledger_id in self._singles or ledger_id in self._batched
         ):
             return
-        batch = WriteBatch(raw_mode=True)
-        for space in (b"e", b"b"):
-            # 17 bytes of 0xff sort after every key of this ledger (ids up to 2**64-1).
-            start = _LEDGER_KEY.pack(space, ledger_id)
-            batch.delete_range(start, start + b"\xff" * 17)
-        batch.delete(info_key(ledger_id), self._infos_cf)
-        self._write(batch)
+        with self._lock:
+            batch = self._stage()  # after the ledger's staged puts, so that it deletes them too
+            for space in (b"e", b"b"):
+                # 17 bytes of 0xff sort after every key of this ledger (ids up to 2**64-1).
+                start = _LEDGER_KEY.pack(space, ledger_id)
+                batch.delete_range(start, start + b"\xff" * 17)
+            batch.delete(info_key(ledger_id), self._infos_cf)
+            self._write_staged()
         self._infos.pop(ledger_id, None)
         self._singles.discard(ledger_id)
         self._batched.discard(ledger_id)
@@ -262,10 +281,26 @@ class RocksDBEngine:
                 self._parsed_bytes -= len(self._parsed.pop(key).value)
 
     def _write(self, batch: WriteBatch) -> None:
-        """Apply ``batch`` atomically, without an fsync (``sync()`` is the durability point)."""
+        """Apply ``batch`` atomically (after the staged writes), without an fsync (``sync()``
+        is the durability point)."""
         with self._lock:
             assert self._db is not None, "engine is closed"
+            self._write_staged()
             self._db.write(batch, self._write_opt)
+
+    def _stage(self) -> WriteBatch:
+        """The batch gathering writes not in the DB yet (``_lock`` held)."""
+        if self._staged is None:
+            self._staged = WriteBatch(raw_mode=True)
+        return self._staged
+
+    def _write_staged(self, over: int = 0) -> None:
+        """Write the staged batch if it holds more than ``over`` bytes (0: whatever it holds);
+        ``_lock`` held. Every read of the DB calls this first."""
+        if self._staged is not None and (not over or self._staged_bytes > over):
+            assert self._db is not None, "engine is closed"
+            staged, self._staged, self._staged_bytes = self._staged, None, 0
+            self._db.write(staged, self._write_opt)
 
     # ----- reads
 
@@ -274,6 +309,7 @@ class RocksDBEngine:
             return None
         with self._lock:
             assert self._db is not None, "engine is closed"
+            self._write_staged()
             if ledger_id in self._singles:  # an entry key is the newest copy (module doc)
                 value: bytes | None = self._db.get(entry_key(ledger_id, entry_id))
                 if value is not None:
@@ -304,8 +340,11 @@ class RocksDBEngine:
     def last_entry_id(self, ledger_id: int) -> int:
         last = self._last.get(ledger_id)
         if last is None:
-            with self._lock:
-                last = self._iterate(lambda it: _db_last(it, ledger_id))
+            if ledger_id not in self._singles and ledger_id not in self._batched:
+                last = -1  # no entries (a new ledger): no read, which would write the staged
+            else:
+                with self._lock:
+                    last = self._iterate(lambda it: _db_last(it, ledger_id))
             self._last[ledger_id] = last
         return last
 
@@ -339,7 +378,8 @@ class RocksDBEngine:
         with self._sync_lock:
             with self._lock:
                 db, infos = self._db, self._infos_db
-            assert db is not None and infos is not None, "engine is closed"
+                assert db is not None and infos is not None, "engine is closed"
+                self._write_staged()
             # The durability point; both release the GIL while they write and fsync. One WAL
             # serves both column families; without it, each flushes its own memtable.
             if self._wal:
@@ -362,6 +402,7 @@ class RocksDBEngine:
         with self._sync_lock, self._lock:
             db, self._db = self._db, None
             self._infos_db = self._infos_cf = None  # handles also hold the LOCK
+            self._staged, self._staged_bytes = None, 0  # close() synced them; else a failure
             if db is not None:
                 db.close()
             del db

@@ -225,3 +225,12 @@ def test_journal_write_data_false_needs_a_metadata_store():
 
     with pytest.raises(ConfigError, match="metadata_uri"):
         BookieConfig(journal_write_data=False).validate()
+
+
+def test_a_negative_engine_write_behind_is_refused():
+    from bookkeeper_aio.config import BookieConfig
+    from bookkeeper_aio.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="engine_write_behind_bytes"):
+        BookieConfig(engine_write_behind_bytes=-1).validate()
+    BookieConfig(engine_write_behind_bytes=1).validate()  # 1: every put at once

@@ -48,7 +48,9 @@ def open_kind(kind: str, path: str, disk: MemoryDisk | None = None) -> Engine:
             snapshot_interval_bytes=256 << 10,
         )
     assert kind in ("rocksdb", "rocksdb-nowal")
-    return RocksDBEngine(path, wal=kind == "rocksdb")
+    # Without its WAL a bookie's engine stages puts (engine_write_behind_bytes); 4 KiB here,
+    # so the tests see writes both staged and past the bound.
+    return RocksDBEngine(path, wal=kind == "rocksdb", write_behind_bytes=4096)
 
 
 @dataclass
@@ -198,6 +200,37 @@ def test_rocksdb_keeps_a_call_of_new_ascending_entries_under_one_key(tmp_path: P
         db.close()
     assert len(keys) == 40 + 1  # a key per call and the re-written entry's (no ledger info)
     assert sum(k[:1] == b"b" for k in keys) == 40 and sum(k[:1] == b"e" for k in keys) == 1
+
+
+@pytest.mark.parametrize("wal", [True, False])
+def test_rocksdb_stages_puts_without_its_wal_only(tmp_path: Path, wal: bool) -> None:
+    e = RocksDBEngine(str(tmp_path), wal=wal, write_behind_bytes=4096)
+    try:
+        e.put_entries(1, [(0, b"a" * 1000), (1, b"b" * 1000)])  # one batch key
+        e.put_entries(1, [(0, b"c" * 1000)])  # a re-send: an entry key
+        e.put_entries(2, [(0, b"d" * 1000)])
+        assert (e._staged is None) == wal  # the WAL gets every write at once
+        assert e._staged_bytes == (0 if wal else 4000 + 3 * PACKED_ENTRY_PREFIX.size)
+        e.put_entries(2, [(1, b"e" * 1000)])  # past 4096 bytes: written
+        assert e._staged is None and e._staged_bytes == 0
+        e.put_entries(3, [(0, b"f")])
+        assert e.get_entry(3, 0) == b"f"  # a read writes the staged batch first
+        assert e._staged is None
+        e.put_entries(3, [(1, b"g")])
+        e.delete_ledger(3)  # deletes the staged puts too
+        assert e.get_entry(3, 1) is None and e.last_entry_id(3) == -1
+        e.put_entries(4, [(0, b"h")])
+        e.sync()
+        assert e._staged is None
+        assert [e.get_entry(1, i) for i in (0, 1)] == [b"c" * 1000, b"b" * 1000]
+    finally:
+        e.close()
+    e = RocksDBEngine(str(tmp_path), wal=wal, write_behind_bytes=4096)
+    try:  # everything synced is there after a reopen
+        assert e.get_entry(4, 0) == b"h" and e.get_entry(2, 1) == b"e" * 1000
+        assert e.ledgers() == [1, 2, 4]
+    finally:
+        e.close()
 
 
 def test_rocksdb_refuses_a_dir_with_the_old_info_keys(tmp_path: Path) -> None:

@@ -109,6 +109,7 @@ class DiskStorage:
                     journaled=cfg.journal_write_data,
                     direct_io=cfg.engine_direct_io,
                     blob_files=cfg.engine_blob_files,
+                    write_behind_bytes=cfg.engine_write_behind_bytes,
                 )
             )
         journal = Journal(cfg.journal_dir, cfg, on_pressure=on_pressure, on_failure=on_failure)
