@@ -19,7 +19,9 @@ its reply callback.
   ``connection_output_bytes_max`` pauses reading (the transport's high-water mark), as does a
   full journal queue (the bookie pauses every connection).
 * **Coalesced output.** Replies produced in one loop iteration (a journal batch completes
-  hundreds of adds at once) leave in one ``writelines`` call.
+  hundreds of adds at once) leave in one ``writelines`` call, as do the answers given while
+  reading one chunk of requests; an answer given later to a connection that awaits no other
+  leaves at once (nothing would join it; one add at a time is answered a loop turn sooner).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class BookieConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        self._receiving = False
         self._greeted = False
         self._closing = False
         self._in_flight = 0
@@ -97,10 +100,14 @@ class BookieConnection(asyncio.Protocol):
             log.warning("closing %s: %s", self.peer, exc)
             self._close_with(ErrorResponse(-1, StatusCode.BAD_REQUEST, str(exc)))
             return
-        for msg in messages:
-            if self._closing:
-                return
-            self._on_message(msg)
+        self._receiving = True  # answers given meanwhile wait for the rest (one write)
+        try:
+            for msg in messages:
+                if self._closing:
+                    return
+                self._on_message(msg)
+        finally:
+            self._receiving = False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -188,13 +195,17 @@ class BookieConnection(asyncio.Protocol):
         self._in_flight -= 1
         if self._add_bytes:
             self._in_flight_bytes -= self._add_bytes.pop(msg.request_id, 0)
-        self._send(msg)
+        # No other answer to wait for (and no request being read that might answer at once):
+        # write it now, so one add at a time skips a loop turn.
+        self._send(msg, now=not self._in_flight and not self._receiving)
 
-    def _send(self, msg: Message) -> None:
+    def _send(self, msg: Message, *, now: bool = False) -> None:
         if self._closing:
             return  # the client is gone; dropping its answers is all we can do
         self._out.append(self._encoder.encode(msg))
-        if not self._flush_scheduled:
+        if now:
+            self._flush()
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 

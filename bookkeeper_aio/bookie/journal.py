@@ -5,8 +5,8 @@ Theory of operation
 :meth:`Journal.append` queues a typed record with a callback and returns at once. The journal's
 own thread (BookKeeper's journal thread) takes the queued records itself, up to
 ``journal_batch_bytes_max``, writes them with a single ``pwrite`` and ``fdatasync``, hands the
-batch back to the event loop (``call_soon_threadsafe``), where the callbacks run in append
-order, and takes the next batch at once: records that arrived during a sync form the next
+batch back to the event loop, where the callbacks run in append order, and takes the next
+batch at once: records that arrived during a sync form the next
 batch, so the batch size adapts to the load (group commit), and while the disk is busy the
 thread never waits for the event loop. ``journal_batch_wait_ms`` > 0 additionally waits that
 long for a batch to fill. (Until 2026-11-24 a writer coroutine on the loop took each batch and
@@ -34,9 +34,15 @@ durable reports pressure (``on_pressure(True)``) so the bookie stops reading req
 drains below half.
 
 Threads: the event loop owns the callbacks, the byte count and the failure state; the journal
-thread owns the file (descriptor, sequence number, position, zero-filled end). They meet in a
-``SimpleQueue`` of records (loop to thread), ``call_soon_threadsafe`` (thread to loop) and the
-checkpoint mark ``(seq, pos)``, which the thread replaces as one tuple after each write.
+thread owns the file (descriptor, sequence number, position, zero-filled end). They meet in
+two deques, each with an eventfd that wakes its reader (records, loop to thread: written only
+when the thread sleeps; written batches, thread to loop: an ``add_reader`` callback), and in
+the checkpoint mark ``(seq, pos)``, which the thread replaces as one tuple after each write.
+Both wake-ups are ``os.eventfd_write``, which releases the GIL around its syscall, so the
+thread woken finds the GIL free: with ``SimpleQueue.put`` and ``call_soon_threadsafe``
+(until 2026-11-24) the waker still held it, the woken thread often went back to sleep on the
+GIL and needed a second wake-up, and the loop ran a batch's callbacks one loop iteration
+late (docs/performance.md, twelfth round).
 """
 
 from __future__ import annotations
@@ -46,7 +52,6 @@ import collections
 import json
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -120,7 +125,9 @@ class Journal:
         self._on_pressure = on_pressure
         self._on_failure = on_failure
         # The event loop's side.
-        self._records: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._records: collections.deque[_Item] = collections.deque()
+        self._records_fd = -1  # an eventfd the thread sleeps on while it has no records
+        self._thread_idle = False  # the thread is (about to be) asleep on _records_fd
         self._queued_bytes = 0  # appended, not yet durable
         self._pressure = False
         self._thread: threading.Thread | None = None
@@ -128,6 +135,11 @@ class Journal:
         self._closing = False
         self._failed: BaseException | None = None
         self._checkpoint_lock = asyncio.Lock()
+        # Thread to loop: written batches (None once the thread ends), and an eventfd that
+        # wakes the loop for them.
+        self._written: collections.deque[tuple[list[_Queued], BaseException | None] | None]
+        self._written = collections.deque()
+        self._wake_fd = -1
         # The journal thread's side (and start() before the thread runs).
         self._fd = -1
         self._file: BlockWriter | None = None  # writes self._fd in whole blocks
@@ -188,6 +200,9 @@ class Journal:
         await asyncio.to_thread(self._open_file, next_seq)
         loop = asyncio.get_running_loop()
         self._stopped = loop.create_future()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._records_fd = os.eventfd(0, os.EFD_CLOEXEC)
+        loop.add_reader(self._wake_fd, self._on_wake, loop)
         self._thread = threading.Thread(
             target=self._serve, args=(loop,), name="journal", daemon=True
         )
@@ -199,7 +214,7 @@ class Journal:
             return
         if not self._closing:
             self._closing = True
-            self._records.put(_STOP)
+            self._put(_STOP)
         assert self._stopped is not None
         await asyncio.shield(self._stopped)  # after the completions of the records before it
 
@@ -227,10 +242,17 @@ class Journal:
             raise JournalFailedError("journal is not running")
         pieces = body if type(body) is tuple else (body,)
         size = sum(map(len, pieces))
-        self._records.put((rtype, pieces, size, callback))
+        self._put((rtype, pieces, size, callback))
         self._queued_bytes += size + RECORD_HEADER.size + 1
         if not self._pressure and self._queued_bytes > self.config.journal_queue_bytes_max:
             self._set_pressure(True)
+
+    def _put(self, item: _Item) -> None:
+        self._records.append(item)
+        if self._thread_idle:
+            self._thread_idle = False
+            # Releases the GIL around the syscall: the thread it wakes finds the GIL free.
+            os.eventfd_write(self._records_fd, 1)
 
     def _set_pressure(self, full: bool) -> None:
         self._pressure = full
@@ -245,17 +267,33 @@ class Journal:
         carry: _Item | None = None  # what the last batch took and did not hold
         try:
             while True:
-                first = carry if carry is not None else self._records.get()
+                first = carry if carry is not None else self._next()
                 if type(first) is _Stop:
                     break
                 if wait_s:
                     time.sleep(wait_s)  # let the batch fill (bounded by time)
                 batch, carry = self._take_batch(first)
                 error = self._write_batch(batch)
-                _call_soon(loop, self._durable, batch, error)
+                self._tell_loop((batch, error))
             self._close_file()
         finally:
-            _call_soon(loop, _settle, self._stopped)
+            self._tell_loop(None)  # the thread has ended
+
+    def _tell_loop(self, item: tuple[list[_Queued], BaseException | None] | None) -> None:
+        """Hand a written batch (None: the thread's end) to the event loop (_on_wake)."""
+        self._written.append(item)
+        os.eventfd_write(self._wake_fd, 1)  # without the GIL (module docstring)
+
+    def _next(self) -> _Item:
+        """The next queued record; sleeps on the eventfd while there is none."""
+        records = self._records
+        while not records:
+            self._thread_idle = True  # before the check: an append after it writes the fd
+            if records:
+                self._thread_idle = False
+                break
+            os.eventfd_read(self._records_fd)  # without the GIL; may wake spuriously
+        return records.popleft()
 
     def _take_batch(self, first: _Queued) -> tuple[list[_Queued], _Item | None]:
         """``first`` and the records queued after it, up to ``journal_batch_bytes_max``;
@@ -266,10 +304,9 @@ class Journal:
         size = first[2] + RECORD_HEADER.size + 1
         records = self._records
         while size < limit:
-            try:
-                item = records.get_nowait()
-            except queue.Empty:
+            if not records:
                 return batch, None
+            item = records.popleft()
             if type(item) is _Stop or size + item[2] > limit:  # type: ignore[index]
                 return batch, item
             batch.append(item)  # type: ignore[arg-type]
@@ -303,6 +340,23 @@ class Journal:
         return None
 
     # --- completions (the event loop) -----------------------------------------------------
+
+    def _on_wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The journal thread wrote batches (or ended): run their callbacks, in order."""
+        try:
+            os.eventfd_read(self._wake_fd)
+        except BlockingIOError:
+            pass  # read already, by the wake-up that took the items now being handled
+        written = self._written
+        while written:
+            item = written.popleft()
+            if item is None:
+                loop.remove_reader(self._wake_fd)
+                os.close(self._wake_fd)
+                os.close(self._records_fd)
+                _settle(self._stopped)
+                return
+            self._durable(*item)
 
     def _durable(self, batch: list[_Queued], exc: BaseException | None) -> None:
         """``batch`` was written and synced (``exc`` None) or failed: tell its callbacks."""
@@ -433,18 +487,11 @@ class Journal:
         """Batches, records, bytes, fsyncs, files, queue depth, mean batch size."""
         stats: dict[str, int | float] = dict(self._stats)
         stats["queued_bytes"] = self._queued_bytes
-        stats["queued_records"] = self._records.qsize()
+        stats["queued_records"] = len(self._records)
         stats["file_seq"] = self._mark[0]
         batches = self._stats["batches"]
         stats["records_per_batch"] = self._stats["records"] / batches if batches else 0.0
         return stats
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:  # the loop is closed: nobody waits any more
-        pass
 
 
 def _settle(future: asyncio.Future[None] | None) -> None:
