@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -21,8 +23,12 @@ def _seeds() -> range:
 
 
 @pytest.fixture(autouse=True)
-def _quiet() -> None:
+def _quiet() -> Iterator[None]:
+    logger = logging.getLogger("bookkeeper_aio")
+    level = logger.level
     quiet_logging()
+    yield
+    logger.setLevel(level)  # later tests check what is logged (caplog)
 
 
 def test_sweep_without_bugs_finds_nothing() -> None:

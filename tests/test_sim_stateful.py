@@ -7,8 +7,11 @@ ledger ends exactly at the writer's LAC (its own close) or at or after it (a rec
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -164,3 +167,13 @@ OneLedger.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestOneLedger = OneLedger.TestCase
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The machine quiets the package's logging (quiet_logging); later tests check what is
+    logged (caplog)."""
+    logger = logging.getLogger("bookkeeper_aio")
+    level = logger.level
+    yield
+    logger.setLevel(level)
