@@ -6,13 +6,12 @@ Theory of operation
 own thread (BookKeeper's journal thread) takes the queued records itself, up to
 ``journal_batch_bytes_max``, writes them with a single ``pwrite`` and ``fdatasync``, hands the
 batch back to the event loop, where the callbacks run in append order, and takes the next
-batch at once: records that arrived during a sync form the next
-batch, so the batch size adapts to the load (group commit), and while the disk is busy the
-thread never waits for the event loop. ``journal_batch_wait_ms`` > 0 additionally waits that
-long for a batch to fill. (Until 2026-11-24 a writer coroutine on the loop took each batch and
-waited for it: every batch cost two wake-ups between the threads, ~70 µs of an idle bookie's
-one-add latency, and under load the disk sat idle until a busy loop came round to the next
-batch.)
+batch at once: records that arrived during a sync form the next batch, so the batch size
+adapts to the load (group commit), and while the disk is busy the thread never waits for the
+event loop. ``journal_batch_wait_ms`` > 0 additionally waits that long for a batch to fill.
+(Until 2026-11-24 a writer coroutine on the loop took each batch and waited for it: every
+batch cost two wake-ups between the threads, ~70 µs of an idle bookie's one-add latency, and
+under load the disk sat idle until a busy loop came round to the next batch.)
 
 Files are preallocated with real zeros ``journal_preallocate_bytes`` ahead of the write position
 (so an fdatasync does not also have to persist a new file size) and roll over past
@@ -203,9 +202,7 @@ class Journal:
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._records_fd = os.eventfd(0, os.EFD_CLOEXEC)
         loop.add_reader(self._wake_fd, self._on_wake, loop)
-        self._thread = threading.Thread(
-            target=self._serve, args=(loop,), name="journal", daemon=True
-        )
+        self._thread = threading.Thread(target=self._serve, name="journal", daemon=True)
         self._thread.start()
 
     async def close(self) -> None:
@@ -261,7 +258,7 @@ class Journal:
 
     # --- the journal thread ----------------------------------------------------------------
 
-    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _serve(self) -> None:
         """The journal thread: batches of queued records, written and synced back to back."""
         wait_s = self.config.journal_batch_wait_ms / 1000
         carry: _Item | None = None  # what the last batch took and did not hold
