@@ -6,9 +6,10 @@ shows (docs/performance.md, sixth round). A 5 s phase lands in such a stretch or
 runs of the same code differ by a third. :func:`cpu_probe` samples the CPU during a phase: a
 child process runs a fixed ~3 ms workload every 0.25 s (about 1 % of one CPU) and reports the
 CPU time each run took; a phase's ``cpu_probe_ms`` is their median. Lower is a faster machine.
-It is comparable between runs of the same phase only: under load the benchmark's processes
-share the CPUs and their caches with the probe, and on an idle machine the CPU wakes from its
-idle states for each run (the idle machine measured slower than a loaded one).
+It is comparable between runs of the same phase on the same interpreter only: under load the
+benchmark's processes share the CPUs and their caches with the probe, on an idle machine the CPU
+wakes from its idle states for each run (the idle machine measured slower than a loaded one),
+and the probe runs on the benchmark's own interpreter (a PGO build runs it ~1.2x faster).
 """
 
 from __future__ import annotations

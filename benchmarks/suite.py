@@ -13,6 +13,9 @@ measured phase 5 s (the whole run takes about two minutes on a 2-vCPU machine); 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +77,7 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     results["etcd"] = {str(n): v for n, v in etcd.items()}
     results["disk"] = disk
     results["elapsed_s"] = time.perf_counter() - started
+    results["python"] = interpreter()
     print_summary(results, args.short)
     write_json(args.json, results)
     return results
@@ -95,6 +99,12 @@ async def _client_benchmarks(uri: str, common: list[str]) -> dict[str, Any]:
     argv = ["--ledgers", "10", "--entries", "2000", "--outstanding", "1000"]
     out["recovery"] = await recovery.measure_recovery(uri, mode_args(recovery, argv))
     return out
+
+
+def interpreter() -> str:
+    """This Python's version and executable: its build moves every figure (Makefile,
+    docs/performance.md, thirteenth round)."""
+    return f"{platform.python_version()} {os.path.realpath(sys.executable)}"
 
 
 def print_summary(results: dict[str, Any], short: bool) -> None:
@@ -141,7 +151,7 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
                  "p50_ms": disk["disk_group_commit_p50_ms"]})  # fmt: skip
     length = "short (5 s phases)" if short else "30 s phases"
     print_table(f"benchmarks, 1 KiB entries, fdatasync before every ack, {length}", rows)
-    print(f"total {results['elapsed_s']:.0f} s")
+    print(f"total {results['elapsed_s']:.0f} s; python {results['python']}")
 
 
 def _with_cpu(note: str, r: dict[str, Any]) -> str:
