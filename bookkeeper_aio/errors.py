@@ -242,6 +242,10 @@ class MetadataUnavailableError(BookKeeperError):
     code = -18
 
 
+class LeaseNotFoundError(MetadataUnavailableError):
+    """The metadata store no longer knows a lease (it expired or was revoked)."""
+
+
 class LedgerClosedError(BookKeeperError):
     """The ledger is closed: nothing more can be appended."""
 

@@ -24,12 +24,13 @@ from contextlib import aclosing
 from typing import Any
 
 import aetcd
-from aetcd import rpc
 from aetcd import transactions as tx
 
 from ..config import MetadataConfig
 from ..errors import MetadataUnavailableError, MetadataVersionError
 from .etcd_conn import EtcdConnection, LeaseNotFoundError, WatchCompactedError
+from .etcd_keys import EtcdKeys, prefix_end
+from .lease import Lease
 from .model import MAX_LEDGER_ID, LedgerMetadata, Versioned
 from .registration import BookieInfo, BookieRegistration
 from .store import (
@@ -44,10 +45,6 @@ from .store import (
 )
 
 
-def _prefix_end(prefix: bytes) -> bytes:
-    return prefix[:-1] + bytes([prefix[-1] + 1])
-
-
 def _put_revision(responses: list[Any]) -> int:
     """The revision a transaction's first put was written at (= the key's mod_revision)."""
     return responses[0].response_put.header.revision
@@ -59,8 +56,9 @@ def _got(responses: list[Any]) -> Any | None:
     return found[0][1] if found else None
 
 
-class EtcdMetadataStore:
-    """See the module docstring and ``store.MetadataStore``. Create with :meth:`connect`."""
+class EtcdMetadataStore(EtcdKeys):
+    """See the module docstring and ``store.MetadataStore``. Create with :meth:`connect`.
+    The generic key methods (``get``, ``put``, ``watch``, leases, ...) are in ``etcd_keys.py``."""
 
     def __init__(
         self,
@@ -74,6 +72,7 @@ class EtcdMetadataStore:
         self.rng = rng or random.Random()
         self.conn = EtcdConnection(tuple(endpoints), config, self.rng)
         self.registrations: list[EtcdRegistration] = []
+        self.leases: set[Lease] = set()
 
     @classmethod
     async def connect(
@@ -121,6 +120,8 @@ class EtcdMetadataStore:
         """Stop keepalives (registrations stay until their leases expire) and disconnect."""
         for registration in list(self.registrations):
             registration.abandon()
+        for lease in list(self.leases):
+            lease.abandon()
         await self.conn.close()
 
     # --- ledgers --------------------------------------------------------------------------
@@ -206,10 +207,10 @@ class EtcdMetadataStore:
 
     async def list_ledgers(self) -> AsyncIterator[int]:
         prefix = self._key("ledgers", "")
-        start, end = prefix, _prefix_end(prefix)
+        start, end = prefix, prefix_end(prefix)
         while True:
             page = await self.conn.call(
-                lambda c, s=start: self._keys_page(c, s, end), "list ledgers"
+                lambda c, s=start: self._range_page(c, s, end, keys_only=True), "list ledgers"
             )
             keys = [kv.key for kv in page.kvs]
             for key in keys:
@@ -217,14 +218,6 @@ class EtcdMetadataStore:
             if not page.more or not keys:
                 return
             start = keys[-1] + b"\x00"
-
-    async def _keys_page(self, c: aetcd.Client, start: bytes, end: bytes) -> Any:
-        # aetcd's get_range has no limit; its raw Range RPC does (keys only: cheap pages).
-        await c.connect()
-        request = rpc.RangeRequest(
-            key=start, range_end=end, limit=self.config.list_page_max, keys_only=True
-        )
-        return await c.kvstub.Range(request, timeout=c._timeout, metadata=c.metadata)
 
     async def watch_ledger(
         self, ledger_id: int, since_version: int = 0
@@ -283,7 +276,7 @@ class EtcdMetadataStore:
             bookies, revision = await self._bookies()
             yield dict(bookies)
             try:
-                events = self.conn.watch(prefix, _prefix_end(prefix), revision + 1)
+                events = self.conn.watch(prefix, prefix_end(prefix), revision + 1)
                 async with aclosing(events):
                     async for event in events:
                         bookie_id = event.kv.key[len(prefix) :].decode()

@@ -37,7 +37,7 @@ import aetcd.exceptions as aex
 from aetcd import rpc, rtypes
 
 from ..config import MetadataConfig, parse_address
-from ..errors import MetadataUnavailableError
+from ..errors import LeaseNotFoundError, MetadataUnavailableError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,10 +51,6 @@ RETRYABLE = (
     TimeoutError,  # our attempt deadline
     OSError,
 )
-
-
-class LeaseNotFoundError(MetadataUnavailableError):
-    """etcd no longer knows the lease (it expired or was revoked)."""
 
 
 class WatchCompactedError(MetadataUnavailableError):

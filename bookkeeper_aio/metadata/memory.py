@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 from ..config import MetadataConfig
 from ..errors import MetadataUnavailableError, MetadataVersionError
+from .lease import Lease
+from .memory_keys import KeySpace, MemoryKeys
 from .model import MAX_LEDGER_ID, LedgerMetadata, Versioned
 from .registration import BookieInfo, BookieRegistration
 from .store import (
@@ -57,9 +59,10 @@ class MemoryFaults:
 
 @dataclass
 class _Lease:
-    bookie_id: str
+    bookie_id: str | None  # a registration's lease, or one granted by grant_lease
     ttl_s: float
     handle: asyncio.TimerHandle
+    keys: set[str] = field(default_factory=set)  # keys put under it: deleted when it ends
 
 
 @dataclass
@@ -76,6 +79,7 @@ class MemoryState:
     ledger_watchers: dict[int, list[asyncio.Queue]] = field(default_factory=dict)
     bookie_watchers: list[asyncio.Queue] = field(default_factory=list)
     next_lease_id: int = 1
+    keys: KeySpace = field(default_factory=KeySpace)
 
     def bump(self) -> int:
         self.revision += 1
@@ -83,7 +87,7 @@ class MemoryState:
 
     # --- leases (what etcd's lessor does) -------------------------------------------------
 
-    def grant(self, bookie_id: str, ttl_s: float) -> int:
+    def grant(self, bookie_id: str | None, ttl_s: float) -> int:
         lease_id, self.next_lease_id = self.next_lease_id, self.next_lease_id + 1
         self.leases[lease_id] = _Lease(bookie_id, ttl_s, self._schedule(lease_id, ttl_s))
         return lease_id
@@ -105,9 +109,12 @@ class MemoryState:
         if lease is None:
             return
         lease.handle.cancel()
-        found = self.bookies.get(lease.bookie_id)
+        for key in sorted(lease.keys):
+            self.bump()
+            self.keys.delete(key)
+        found = self.bookies.get(lease.bookie_id) if lease.bookie_id else None
         if found is not None and found[1] == lease_id:
-            del self.bookies[lease.bookie_id]
+            del self.bookies[lease.bookie_id]  # type: ignore[arg-type]
             self.bump()
             self.notify_bookies()
 
@@ -168,8 +175,10 @@ class MemoryRegistration(BookieRegistration):
             self.store.registrations.remove(self)
 
 
-class MemoryMetadataStore:
-    """See the module docstring and ``store.MetadataStore`` for each method's contract."""
+class MemoryMetadataStore(MemoryKeys):
+    """See the module docstring and ``store.MetadataStore`` for each method's contract.
+    The generic key methods (``get``, ``put``, ``watch``, leases, ...) are in
+    ``memory_keys.py``."""
 
     def __init__(
         self,
@@ -184,6 +193,7 @@ class MemoryMetadataStore:
         self.rng = rng or random.Random()
         self.faults = faults
         self.registrations: list[MemoryRegistration] = []
+        self.leases: set[Lease] = set()
         self.counters: Counter[str] = Counter()
 
     @classmethod
@@ -221,6 +231,7 @@ class MemoryMetadataStore:
             **self.counters,
             "revision": self.state.revision,
             "ledgers": len(self.state.ledgers),
+            "keys": len(self.state.keys.values),
             "bookies": len(self.state.bookies),
             "registrations": len(self.registrations),
         }
@@ -403,3 +414,5 @@ class MemoryMetadataStore:
         """Stop this store's keepalives (the shared state outlives the store object)."""
         for registration in list(self.registrations):
             registration.abandon()
+        for lease in list(self.leases):
+            lease.abandon()

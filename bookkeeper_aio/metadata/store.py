@@ -9,6 +9,13 @@ exactly that (``write_ledger`` with an expected version; a lost race raises
 under leases, cookies, and the cluster's instance id. :func:`update_ledger` is the one CAS
 loop: read, apply a pure transform, write at the version read, retry on conflict.
 
+Beside ledgers, bookies and cookies the store keeps **keys**: versioned byte values under
+readable paths (``logs/orders``, ``underreplicated/...``) for everything built on top of
+ledgers — logs and their cursors, autorecovery's marks, locks and election, tombstones, jobs.
+They have the same compare-and-swap (``put`` with ``expected_version``: 0 creates only, a
+version replaces only that version), prefix listing and watches, and can be tied to a
+:class:`~bookkeeper_aio.metadata.lease.Lease` so they vanish when their owner dies.
+
 Versions are etcd ``mod_revision`` numbers (the memory store keeps the same counter): they
 only grow, so "newer" is ``>``. Watches yield values in version order; a watcher that falls
 too far behind skips to the latest value rather than blocking writers (a ledger's metadata
@@ -39,12 +46,14 @@ from ..errors import (
     MetadataVersionError,
     NoSuchLedgerError,
 )
+from .lease import Lease
 from .model import LedgerMetadata, Versioned
 from .registration import BookieInfo, BookieRegistration
 
 __all__ = [
     "BookieInfo",
     "BookieRegistration",
+    "Lease",
     "MetadataStore",
     "MetadataUri",
     "open_metadata_store",
@@ -54,6 +63,11 @@ __all__ = [
 
 _BOOKIE_ID = re.compile(r"^[A-Za-z0-9_.:\[\]-]{1,255}$")
 _ROOT = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+# Keys are /-separated segments of printable characters; these first segments belong to the
+# ledger, bookie and cookie methods (whose invariants a raw put would bypass).
+RESERVED_KEY_ROOTS = frozenset({"ledgers", "bookies", "cookies", "creators", "instanceid"})
+KEY_BYTES_MAX = 1024
+_KEY_SEGMENT = re.compile(r"^[^\x00-\x20\x7f/]+$")
 
 
 class MetadataStore(Protocol):
@@ -145,6 +159,67 @@ class MetadataStore(Protocol):
         """The cluster's instance id, or None before ``init_cluster``."""
         ...
 
+    async def get(self, key: str) -> Versioned[bytes] | None:
+        """The key's value and version, or None.
+
+        Raises:
+            IncorrectParameterError: a malformed or reserved key (:func:`check_key`).
+        """
+        ...
+
+    async def put(
+        self,
+        key: str,
+        value: bytes,
+        expected_version: int | None = None,
+        *,
+        lease: Lease | None = None,
+    ) -> Versioned[bytes]:
+        """Write ``value``: unconditionally (``expected_version`` None), only if the key is
+        absent (0), or only if it is at that version (compare-and-swap). With ``lease`` the
+        key is deleted when the lease ends.
+
+        Raises:
+            MetadataVersionError: the condition failed; ``.current`` is the stored
+                Versioned, or None when the key is absent.
+            IncorrectParameterError: a malformed or reserved key, a value over
+                ``value_bytes_max``.
+        """
+        ...
+
+    async def delete(self, key: str, expected_version: int | None = None) -> bool:
+        """Delete the key; True if it existed. With ``expected_version``, only at that version.
+
+        Raises:
+            MetadataVersionError: with ``expected_version``, the key is absent (``.current``
+                None) or at another version.
+        """
+        ...
+
+    def list_prefix(self, prefix: str) -> AsyncIterator[tuple[str, Versioned[bytes]]]:
+        """Every key under ``prefix`` (a key prefix, usually ending in ``/``) with its value,
+        in key order, read in pages of ``list_page_max``."""
+        ...
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under ``prefix``; how many there were."""
+        ...
+
+    def watch(self, key: str) -> AsyncIterator[Versioned[bytes] | None]:
+        """The key's state: the current one first (None when absent), then one per change
+        (None on delete). Runs until the caller stops or the store closes."""
+        ...
+
+    def watch_prefix(self, prefix: str) -> AsyncIterator[dict[str, Versioned[bytes]]]:
+        """Snapshots of the keys under ``prefix``: the current one, then one per change. A
+        watcher that falls behind skips to the latest snapshot."""
+        ...
+
+    async def grant_lease(self, ttl_s: int) -> Lease:
+        """A new lease of ``ttl_s`` seconds, kept alive by its own task until revoked,
+        abandoned or lost (``lease.py``)."""
+        ...
+
     def statistics(self) -> dict[str, int]:
         """Counters: calls, retries, conflicts, watch resumes, lease renewals, ..."""
         ...
@@ -196,6 +271,43 @@ def check_bookie_id(bookie_id: str) -> None:
     if not isinstance(bookie_id, str) or not _BOOKIE_ID.match(bookie_id):
         raise IncorrectParameterError(
             f"bookie id {bookie_id!r} must be 1-255 characters of [A-Za-z0-9_.:[]-]"
+        )
+
+
+def check_key(key: str, *, prefix: bool = False) -> None:
+    """Keys are 1-1024 bytes of ``/``-separated, non-empty segments of printable characters
+    (no spaces), whose first segment is not one of :data:`RESERVED_KEY_ROOTS`. A prefix may
+    end with ``/``.
+
+    Raises:
+        IncorrectParameterError: the key breaks these rules (the message says which).
+    """
+    if not isinstance(key, str) or not key or len(key.encode()) > KEY_BYTES_MAX:
+        raise IncorrectParameterError(f"key {key!r} must be a string of 1-{KEY_BYTES_MAX} bytes")
+    segments = key.split("/")
+    if prefix and len(segments) > 1 and segments[-1] == "":
+        segments.pop()
+    if not all(_KEY_SEGMENT.match(s) for s in segments):
+        raise IncorrectParameterError(
+            f"key {key!r}: segments must be non-empty and printable, without spaces"
+        )
+    open_root = prefix and len(segments) == 1 and not key.endswith("/")  # "led" covers ledgers/
+    if segments[0] in RESERVED_KEY_ROOTS or (
+        open_root and any(r.startswith(segments[0]) for r in RESERVED_KEY_ROOTS)
+    ):
+        raise IncorrectParameterError(
+            f"key {key!r}: {segments[0]}/ is kept by the ledger, bookie and cookie methods"
+        )
+
+
+def check_value(key: str, value: bytes, config: MetadataConfig) -> None:
+    """Raises IncorrectParameterError for a bad key, a non-bytes value or one over the limit."""
+    check_key(key)
+    if not isinstance(value, bytes | bytearray):
+        raise IncorrectParameterError(f"{key}: the value must be bytes, got {type(value)}")
+    if len(value) > config.value_bytes_max:
+        raise IncorrectParameterError(
+            f"{key}: value of {len(value)} bytes is over value_bytes_max={config.value_bytes_max}"
         )
 
 
