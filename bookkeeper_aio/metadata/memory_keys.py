@@ -126,7 +126,9 @@ class MemoryKeys:
             (current.version if current is not None else 0) != expected_version
         ):
             self.counters["conflicts"] += 1
-            raise MetadataVersionError(f"{key}: version {expected_version} is stale", current=current)
+            raise MetadataVersionError(
+                f"{key}: version {expected_version} is stale", current=current
+            )
         lease_id = 0 if lease is None else lease.lease_id
         if lease_id and lease_id not in leases:
             raise LeaseNotFoundError(f"write {key}: lease {lease_id:x} not found")
@@ -147,7 +149,9 @@ class MemoryKeys:
             current is None or current.version != expected_version
         ):
             self.counters["conflicts"] += 1
-            raise MetadataVersionError(f"{key}: version {expected_version} is stale", current=current)
+            raise MetadataVersionError(
+                f"{key}: version {expected_version} is stale", current=current
+            )
         existed = self._delete(key)
         self._after()
         return existed
