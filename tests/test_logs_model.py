@@ -70,12 +70,10 @@ def apply(md: LogMetadata, op: tuple, ids: Ids) -> LogMetadata:
     return md
 
 
+KINDS = ["takeover", "append", "prepare", "close", "commit", "truncate", "retention", "empty-trash"]
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(
-            ["takeover", "append", "prepare", "close", "commit", "truncate", "retention",
-             "empty-trash"]
-        ),  # fmt: skip
+        st.sampled_from(KINDS),
         st.integers(0, 12),
         st.integers(0, 200),
     ),
