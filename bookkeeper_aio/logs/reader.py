@@ -249,7 +249,12 @@ class LogReader:
     async def _wait_for_more(self, segment: LogSegment, reader: LedgerReader) -> None:
         """Long-poll the LAC while watching the log's metadata; whichever moves first."""
         assert self._md is not None
-        version, before = self._md.version, reader.last_add_confirmed
+        # What we read is confirmed, even when a fresh handle's LAC (from other bookies)
+        # is behind it.
+        before = reader.last_add_confirmed = max(
+            reader.last_add_confirmed, self._next - segment.first_offset - 1
+        )
+        version = self._md.version
         loop = asyncio.get_running_loop()
         started = loop.time()
         poll = asyncio.ensure_future(long_poll(self._logs.ctx, reader.metadata, before))
