@@ -16,9 +16,7 @@ import sys
 
 from bookkeeper_aio import BookKeeper, ClientConfig
 
-CONFIG = ClientConfig(
-    request_timeout_s=3, explicit_lac_interval_s=0.2, long_poll_timeout_ms=1000
-)
+CONFIG = ClientConfig(request_timeout_s=3, explicit_lac_interval_s=0.2, long_poll_timeout_ms=1000)
 IN_FLIGHT = 16
 
 

@@ -24,7 +24,11 @@ SEGMENT_ENTRIES = 40
 @contextlib.asynccontextmanager
 async def worker(*args: str) -> AsyncIterator[asyncio.subprocess.Process]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, WORKER, *args, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+        sys.executable,
+        WORKER,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
     )
     try:
         yield proc

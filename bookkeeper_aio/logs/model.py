@@ -448,10 +448,16 @@ class LogMetadata:
         doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         doc["options"] = dataclasses.asdict(self.options)
         doc["segments"] = [
-            {"ledger_id": s.ledger_id, "first_offset": s.first_offset, "state": s.state.value,
-             "entries": s.entries, "size_bytes": s.size_bytes, "closed_ms": s.closed_ms}
+            {
+                "ledger_id": s.ledger_id,
+                "first_offset": s.first_offset,
+                "state": s.state.value,
+                "entries": s.entries,
+                "size_bytes": s.size_bytes,
+                "closed_ms": s.closed_ms,
+            }
             for s in self.segments
-        ]  # fmt: skip (not dataclasses.asdict: its deep copies cost 10x on long lists)
+        ]  # not dataclasses.asdict: its deep copies cost 10x on long lists
         doc["trash"] = list(self.trash)
         doc["format_version"] = FORMAT_VERSION
         return json.dumps(doc, sort_keys=True).encode()
