@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 After the ledger workload of a seed (``workload.Run.play``) has healed and been checked, the
 same cluster plays a log act, drawn from its own rng (so the ledger part of every seed plays
-exactly as it would without it):
+exactly as it would without it). Half of the seeds play one (:func:`has_log_act`, a coin of
+its own):
 
 1. **Faults**: one or two logs with small segments (a rollover every few records); writer
    agents that keep starting sessions — take the log over, append a burst (several appends
@@ -40,6 +41,12 @@ if TYPE_CHECKING:
     from .workload import Run
 
 LOG_BUGS = ("log-takeover-without-recovery",)
+LOG_ACT_SHARE = 0.5  # of the seeds (its own coin: a seed without it plays as before)
+
+
+def has_log_act(seed: int) -> bool:
+    """Whether ``seed`` plays a log act."""
+    return random.Random(f"log-act-{seed}").random() < LOG_ACT_SHARE
 
 
 @dataclass
@@ -99,6 +106,8 @@ class LogAct:
         self.stats = {"sessions": 0, "takeovers_of_open_ledgers": 0, "acked": 0, "commits": 0}
 
     async def play(self) -> None:
+        if not has_log_act(self.world.seed):
+            return
         sc, world, loop = self.sc, self.world, asyncio.get_running_loop()
         world.state.keys.on_key = self.checks.key_written  # type: ignore[attr-defined]
         self.history.note(f"log act: {sc}")
