@@ -96,6 +96,7 @@ class Timed:
         return {
             "entries": count,
             "entries_per_s": count / self.elapsed_s,
+            "mb_per_s": count * len(self.payloads[0]) / self.elapsed_s / 1e6,
             "errors": self.errors,
             "first_error": self.first_error,
             **latency_summary(self.latencies),

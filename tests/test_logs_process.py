@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -97,3 +99,25 @@ async def _one(proc: asyncio.subprocess.Process) -> tuple[str, int, str]:
     assert line, "the writer exited early"
     kind, offset, *payload = line.split()
     return kind, int(offset), payload[0] if payload else ""
+
+
+def shell(uri: str, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "bookkeeper_aio.shell", "--metadata", uri, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+async def test_shell_lists_logs_and_shows_one(etcd_uri):
+    async with BookKeeper.connect(etcd_uri) as bk:
+        await bk.create_log("orders", segment_entries_max=10, retention_bytes=1000)
+        await bk.commit_log_offset("orders", "billing", 3)  # a cursor is not a log
+    listed = await asyncio.to_thread(shell, etcd_uri, "list-logs")
+    assert listed.returncode == 0 and listed.stdout.split() == ["orders"]
+    shown = await asyncio.to_thread(shell, etcd_uri, "log-info", "orders")
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["next_offset"] == 0 and doc["segments"] == []
+    assert doc["metadata"]["options"]["segment_entries_max"] == 10
+    missing = await asyncio.to_thread(shell, etcd_uri, "log-info", "nope")
+    assert missing.returncode == 1 and "NoSuchLogError" in missing.stderr
+    bad = await asyncio.to_thread(shell, etcd_uri, "log-info", "a/b")
+    assert bad.returncode == 1 and "must not contain '/'" in bad.stderr
