@@ -297,7 +297,10 @@ class LogReader:
             raise self._gone
 
     async def _check_truncated(self) -> None:
+        """Raises LogTruncatedError past the first kept offset, NoSuchLogError once deleted."""
         assert self._md is not None
+        if self._gone is not None:
+            raise self._gone
         start = self._md.value.start_offset
         if self._next < start:
             raise LogTruncatedError(
