@@ -367,8 +367,12 @@ def test_appending_ledgers_commits_them_in_one_step_as_a_writer(cluster: Any) ->
         assert [r.payload for r in records] == (
             _payloads("live", 3) + _payloads("part0", 4) + _payloads("part1", 4)
         )
-        with pytest.raises(IncorrectParameterError, match="in it already"):
-            await bk.append_ledgers_to_log("t", ledgers[:1])
+        assert await bk.append_ledgers_to_log("t", ledgers) == offsets  # a retry: no change
+        assert (await bk.log_info("t")).version == info.version
+        with pytest.raises(IncorrectParameterError, match="is in it"):
+            await bk.append_ledgers_to_log("t", ledgers[1:] + ledgers[:1])
+        with pytest.raises(IncorrectParameterError, match="is in it"):
+            await bk.append_ledgers_to_log("t", [ledgers[1], 777])
         open_ledger = await bk.create_ledger(3, 3, 2)
         with pytest.raises(IncorrectParameterError, match="not closed"):
             await bk.append_ledgers_to_log("t", [open_ledger.ledger_id])

@@ -228,6 +228,9 @@ async def append_ledgers(
     for key, value in (properties or {}).items():
         if not isinstance(key, str) or not (value is None or isinstance(value, str)):
             raise IncorrectParameterError("properties map str keys to str values (or None)")
+    done = _appended_already(await read_log(logs.store, name), ledger_ids)
+    if done is not None:
+        return done  # a retry of a commit whose reply was lost: nothing to do
     ledgers = [await _closed_ledger(logs, name, ledger_id) for ledger_id in ledger_ids]
     writer = f"{logs.config.client_name}-append-{uuid.UUID(int=logs.ctx.rng.getrandbits(128))}"
     takeover = await take_over(logs, name, writer)
@@ -250,6 +253,24 @@ async def append_ledgers(
     assert end is not None  # a committing job leaves no segment open
     first = md.segments[-len(ledgers)].first_offset if ledgers else end
     return range(first, end)
+
+
+def _appended_already(versioned: Versioned[LogMetadata], ledger_ids: Sequence[int]) -> range | None:
+    """The offsets of ``ledger_ids`` if the log holds exactly them, in order, one after the
+    other (an earlier call appended them); None if it holds none of them.
+
+    Raises:
+        IncorrectParameterError: it holds some of them, or not in that order.
+    """
+    md = versioned.value
+    held = [s for s in md.segments if s.ledger_id in set(ledger_ids)]
+    if not held or not ledger_ids:
+        return None
+    ids = md.ledger_ids
+    start = ids.index(ledger_ids[0]) if ledger_ids[0] in ids else -1
+    if tuple(ledger_ids) != ids[start : start + len(ledger_ids)] or held[-1].is_open:
+        raise IncorrectParameterError(f"log {md.name}: a ledger of {list(ledger_ids)} is in it")
+    return range(held[0].first_offset, held[-1].end_offset)
 
 
 async def _closed_ledger(logs: Logs, name: str, ledger_id: int) -> tuple[int, int, int | None]:

@@ -243,7 +243,8 @@ class Logs:
         log) to the log in one compare-and-swap, as a writer: the log is taken over first
         (a live writer gets LogFencedError; its open ledger is recovered). ``properties``
         are set in the same compare-and-swap (None removes one). Returns the offsets the
-        ledgers' entries got, in order.
+        ledgers' entries got, in order. Idempotent: when the log holds exactly these ledgers
+        already (a retry after a lost reply), it returns their offsets and changes nothing.
 
         Raises:
             NoSuchLogError / NoSuchLedgerError: no such log or ledger.
