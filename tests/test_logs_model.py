@@ -15,16 +15,8 @@ from bookkeeper_aio.errors import (
     MetadataFormatError,
     NoSuchLogError,
 )
-from bookkeeper_aio.logs.model import (
-    LogMetadata,
-    LogOptions,
-    LogSegment,
-    SegmentState,
-    check_name,
-    cursor_key,
-    log_key,
-    new_log,
-)
+from bookkeeper_aio.logs.model import LogMetadata, LogSegment, SegmentState, new_log
+from bookkeeper_aio.logs.options import LogOptions, check_name, cursor_key, log_key
 
 OPTIONS = LogOptions(retention_bytes=1000, retention_s=60)
 

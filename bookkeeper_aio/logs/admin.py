@@ -29,16 +29,14 @@ from ..errors import (
 )
 from ..metadata.model import Versioned, password_hash
 from .keys import create_key, cursor_json, cursor_offset, decode, read_log, update_log
-from .model import (
+from .model import LogMetadata, SegmentState, new_log
+from .options import (
     LOGS_PREFIX,
-    LogMetadata,
     LogOptions,
-    SegmentState,
     check_name,
     cursor_key,
     cursor_prefix,
     log_key,
-    new_log,
 )
 from .takeover import take_over
 

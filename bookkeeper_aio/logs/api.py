@@ -23,7 +23,7 @@ from ..errors import BookKeeperError
 from . import admin
 from .admin import LogInfo, check_offset
 from .keys import read_log
-from .model import LogOptions, check_name
+from .options import LogOptions, check_name
 from .reader import LogReader, LogRecord, read_records
 from .writer import LogWriter
 

@@ -23,7 +23,8 @@ from ..errors import (
 )
 from ..metadata.model import Versioned
 from ..metadata.store import MetadataStore
-from .model import LogMetadata, log_key
+from .model import LogMetadata
+from .options import log_key
 
 Transform = Callable[[LogMetadata], LogMetadata | None]
 

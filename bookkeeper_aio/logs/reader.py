@@ -41,7 +41,8 @@ from ..errors import (
 )
 from ..metadata.model import Versioned
 from .keys import decode, read_log
-from .model import LogMetadata, LogSegment, check_name, log_key
+from .model import LogMetadata, LogSegment
+from .options import check_name, log_key
 
 if TYPE_CHECKING:
     from .api import Logs

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import MetadataFormatError
-from ..logs.model import LOGS_PREFIX, LogMetadata
+from ..logs.model import LogMetadata
+from ..logs.options import LOGS_PREFIX
 from ..metadata.model import LedgerState, Versioned
 
 if TYPE_CHECKING:
