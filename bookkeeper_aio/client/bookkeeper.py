@@ -22,6 +22,7 @@ from ..config import ClientConfig, MetadataConfig
 from ..digest import master_key
 from ..errors import UnauthorizedError
 from ..logs.api import LogInfo, LogReader, LogRecord, Logs, LogWriter
+from ..logs.options import LogOptions, check_name
 from ..metadata.model import LedgerMetadata, password_hash, validate_quorums
 from ..metadata.store import open_metadata_store
 from ..net import Network, TcpNetwork
@@ -170,17 +171,21 @@ class BookKeeper:
         retention_bytes: int | None = None,
         exist_ok: bool = False,
     ) -> LogInfo:
-        """Create a log (:meth:`Logs.create_log`).
+        """Create a log (:meth:`Logs.create_log`): a writer rolls over to a new ledger at
+        ``segment_entries_max`` records, ``segment_bytes_max`` bytes or ``segment_age_s``
+        after its ledger's first record; retention removes whole ledgers from the front,
+        older than ``retention_s`` or beyond ``retention_bytes``.
 
         Raises:
-            IncorrectParameterError: an invalid name or option. LogExistsError: it exists.
+            IncorrectParameterError: an invalid name or option (before etcd is touched).
+            LogExistsError: the log exists (and ``exist_ok`` is False).
         """
-        return await self.logs.create_log(
-            name, ensemble_size=ensemble_size, write_quorum=write_quorum,
-            ack_quorum=ack_quorum, segment_bytes_max=segment_bytes_max,
-            segment_entries_max=segment_entries_max, segment_age_s=segment_age_s,
-            retention_s=retention_s, retention_bytes=retention_bytes, exist_ok=exist_ok,
+        check_name(name)  # before the options: a bad name is the first thing to say
+        options = LogOptions(
+            ensemble_size, write_quorum, ack_quorum, segment_bytes_max, segment_entries_max,
+            segment_age_s, retention_s, retention_bytes,
         )  # fmt: skip
+        return await self.logs.create_log(name, options, exist_ok=exist_ok)
 
     def open_log_writer(self, name: str) -> LogWriter:
         """The log's writer; ``async with`` takes the log over (:meth:`Logs.open_log_writer`).

@@ -91,20 +91,10 @@ class Logs:
     # --- the public API (BookKeeper delegates here) ----------------------------------------
 
     async def create_log(
-        self,
-        name: str,
-        *,
-        ensemble_size: int = 3,
-        write_quorum: int = 3,
-        ack_quorum: int = 2,
-        segment_bytes_max: int | None = 64 << 20,
-        segment_entries_max: int | None = None,
-        segment_age_s: float | None = None,
-        retention_s: float | None = None,
-        retention_bytes: int | None = None,
-        exist_ok: bool = False,
+        self, name: str, options: LogOptions | None = None, *, exist_ok: bool = False
     ) -> LogInfo:
-        """Create an empty log (its first writer adds its first ledger).
+        """Create an empty log (its first writer adds its first ledger); ``BookKeeper.
+        create_log`` takes the options as keyword arguments.
 
         A writer rolls over to a new ledger when its ledger holds ``segment_entries_max``
         records, would pass ``segment_bytes_max`` bytes, or its first record is
@@ -112,15 +102,11 @@ class Logs:
         one): closed more than ``retention_s`` ago, or beyond ``retention_bytes`` of records.
 
         Raises:
-            IncorrectParameterError: an invalid name or option (before etcd is touched).
+            IncorrectParameterError: an invalid name (before etcd is touched).
             LogExistsError: the log exists (and ``exist_ok`` is False).
         """
         check_name(name)
-        options = LogOptions(
-            ensemble_size, write_quorum, ack_quorum, segment_bytes_max, segment_entries_max,
-            segment_age_s, retention_s, retention_bytes,
-        )  # fmt: skip
-        return await admin.create_log(self, name, options, exist_ok)
+        return await admin.create_log(self, name, options or LogOptions(), exist_ok)
 
     def open_log_writer(self, name: str) -> LogWriter:
         """A writer of the log, opened (taking the log over) by ``async with`` or ``open()``.

@@ -259,6 +259,14 @@ class LogMetadata:
         closed = last.closed(entries, size_bytes, closed_ms)
         return dataclasses.replace(self, segments=(*self.segments[:-1], closed))
 
+    def _end_for_append(self, epoch: int) -> int:
+        """Where the next segment starts, for a writer of ``epoch`` (none may be open)."""
+        self._check_epoch(epoch)
+        end = self.end_offset
+        if end is None:
+            raise IncorrectParameterError(f"log {self.name}: close the open segment first")
+        return end
+
     def with_new_segment(self, epoch: int, ledger_id: int) -> LogMetadata:
         """``ledger_id`` appended as the OPEN segment at the end (no segment may be open).
 
@@ -266,10 +274,7 @@ class LogMetadata:
             LogFencedError: ``epoch`` is not the log's.
             IncorrectParameterError: a segment is open, or the ledger is in the log already.
         """
-        self._check_epoch(epoch)
-        end = self.end_offset
-        if end is None:
-            raise IncorrectParameterError(f"log {self.name}: close the open segment first")
+        end = self._end_for_append(epoch)
         prepared = None if self.prepared_ledger_id == ledger_id else self.prepared_ledger_id
         return dataclasses.replace(
             self,
@@ -311,10 +316,7 @@ class LogMetadata:
             LogFencedError: ``epoch`` is not the log's.
             IncorrectParameterError: a segment is open, or a ledger is in the log already.
         """
-        self._check_epoch(epoch)
-        end = self.end_offset
-        if end is None:
-            raise IncorrectParameterError(f"log {self.name}: close the open segment first")
+        end = self._end_for_append(epoch)
         added = []
         for ledger_id, entries, size_bytes in ledgers:
             added.append(LogSegment(ledger_id, end).closed(entries, size_bytes, closed_ms))
