@@ -17,8 +17,10 @@ follows at once instead of at the end of a long poll. Both tasks belong to the r
 ``aclose()`` (or leaving ``async with``) stops them; the client's shutdown closes readers
 still open.
 
-A failed read is retried (fresh ledger metadata: the writer may have changed its ensemble)
-up to ``log_read_retries_max`` times with a backoff, then raised to the consumer. An offset
+A transient failure (bookies or the store unreachable, a read without a good copy) is
+retried by :func:`retried`, the one retry policy of reading a log: fresh ledger metadata (the
+writer may have changed its ensemble), a backoff, at most ``log_read_retries_max`` attempts of
+each step; then it is raised to the consumer. An offset
 below the log's first kept one raises :class:`~bookkeeper_aio.errors.LogTruncatedError`.
 """
 
@@ -28,16 +30,20 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..client.reader import LedgerReader
 from ..client.reads import long_poll
 from ..errors import (
+    BookieUnavailableError,
     BookKeeperError,
+    LedgerRecoveryError,
     LogTruncatedError,
     MetadataUnavailableError,
-    NoSuchLedgerError,
+    OperationTimeoutError,
+    ReadError,
+    TooManyRequestsError,
 )
 from ..metadata.model import Versioned
 from .keys import decode, read_log
@@ -48,6 +54,7 @@ if TYPE_CHECKING:
     from .api import Logs
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class LogRecord(NamedTuple):
@@ -57,8 +64,50 @@ class LogRecord(NamedTuple):
     payload: bytes
 
 
+# Failures worth another attempt: the bookies or the store may come back, the writer may
+# have changed its ensemble. Anything else (a truncated log, a deleted ledger) is final.
+TRANSIENT = (
+    BookieUnavailableError,
+    LedgerRecoveryError,
+    MetadataUnavailableError,
+    OperationTimeoutError,
+    ReadError,
+    TooManyRequestsError,
+)
+
+
+async def retried(
+    call: Callable[[], Awaitable[T]], settled: Callable[[], Awaitable[None]], logs: Logs
+) -> T:
+    """``call()``, again after a transient failure (a backoff from ``reconnect_backoff_s``,
+    at most ``log_read_retries_max`` attempts); ``settled()`` raises first when the failure
+    is final (the log was truncated past the offset, or deleted).
+
+    Raises:
+        LogTruncatedError / NoSuchLogError: from ``settled``.
+        BookKeeperError: a final failure, or still failing after the last attempt.
+    """
+    config = logs.config
+    backoff = config.reconnect_backoff_s
+    for attempt in range(config.log_read_retries_max):
+        try:
+            return await call()
+        except TRANSIENT as exc:
+            await settled()
+            if attempt + 1 == config.log_read_retries_max:
+                raise
+            log.info("log read failed (%s: %s); again in %.2f s", type(exc).__name__, exc, backoff)
+        except BookKeeperError:
+            await settled()
+            raise
+        await asyncio.sleep(backoff)
+        backoff = min(2 * backoff, config.reconnect_backoff_max_s)
+    raise AssertionError("unreachable")
+
+
 class LedgerCache:
-    """Ledger handles for reading, opened without recovery; re-opened after a failed read."""
+    """Ledger handles for reading, opened without recovery; dropped after a failed read (the
+    next one opens the ledger again, with fresh metadata)."""
 
     def __init__(self, logs: Logs) -> None:
         self.logs = logs
@@ -71,31 +120,17 @@ class LedgerCache:
             self.readers = {ledger_id: reader}  # the reader moves forward: keep one
         return reader
 
-    async def read(
-        self, name: str, ledger_id: int, first: int, last: int, truncated: Any
-    ) -> list[Any]:
-        """Entries ``first..last`` (confirmed: the caller checked), retried as the module
-        docstring says. ``truncated()`` raises LogTruncatedError when the log moved past.
+    async def read(self, ledger_id: int, first: int, last: int) -> list[Any]:
+        """Entries ``first..last`` (confirmed: the caller checked).
 
         Raises:
-            LogTruncatedError: the ledger was removed from the log meanwhile.
-            BookKeeperError: still failing after ``log_read_retries_max`` attempts.
+            BookKeeperError: as ``LedgerReader.read_unconfirmed`` (the handle is dropped).
         """
-        config = self.logs.config
-        backoff = config.reconnect_backoff_s
-        for attempt in range(config.log_read_retries_max):
-            try:
-                reader = await self.get(ledger_id)
-                return await reader.read_unconfirmed(first, last)
-            except BookKeeperError as exc:
-                self.readers.pop(ledger_id, None)
-                await truncated()
-                if isinstance(exc, NoSuchLedgerError) or attempt + 1 == config.log_read_retries_max:
-                    raise
-                log.info("log %s: reading ledger %d failed (%s); retrying", name, ledger_id, exc)
-            await asyncio.sleep(backoff)
-            backoff = min(2 * backoff, config.reconnect_backoff_max_s)
-        raise AssertionError("unreachable")
+        try:
+            return await (await self.get(ledger_id)).read_unconfirmed(first, last)
+        except BookKeeperError:
+            self.readers.pop(ledger_id, None)
+            raise
 
 
 class LogReader:
@@ -186,7 +221,7 @@ class LogReader:
             self._md = await read_log(self._logs.store, self.name)
             self._tasks.append(self._spawn(self._follow(), "follow"))
             while True:
-                await self._step()
+                await retried(self._step, self._check_truncated, self._logs)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # handed to the consumer, who raises it
@@ -227,9 +262,7 @@ class LogReader:
 
     async def _read(self, segment: LogSegment, last_entry: int) -> None:
         first_entry = self._next - segment.first_offset
-        entries = await self._ledgers.read(
-            self.name, segment.ledger_id, first_entry, last_entry, self._check_truncated
-        )
+        entries = await self._ledgers.read(segment.ledger_id, first_entry, last_entry)
         self._push(segment, entries)
         while self._buffered_bytes >= self._config.log_read_ahead_bytes_max:
             self._room.clear()
@@ -377,14 +410,17 @@ async def read_records(
             break
         segment = md.segments[index]
         if segment.is_open:
-            end = (await cache.get(segment.ledger_id)).last_add_confirmed
+            opened = await retried(lambda s=segment: cache.get(s.ledger_id), moved, logs)
+            end = opened.last_add_confirmed
         else:
             end = segment.end_offset - 1 - segment.first_offset
         stop = min(end, last - segment.first_offset)
         first = offset - segment.first_offset
         while first <= stop:
             chunk = min(stop, first + logs.config.reads_parallel_max - 1)
-            entries = await cache.read(name, segment.ledger_id, first, chunk, moved)
+            entries = await retried(
+                lambda s=segment, a=first, b=chunk: cache.read(s.ledger_id, a, b), moved, logs
+            )
             records += [LogRecord(segment.first_offset + e.entry_id, e.payload) for e in entries]
             first = chunk + 1
         offset = segment.first_offset + stop + 1
