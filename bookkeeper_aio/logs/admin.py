@@ -14,6 +14,7 @@ is touched.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from ..errors import (
     MetadataVersionError,
     NoSuchLedgerError,
     NoSuchLogError,
+    OperationTimeoutError,
     UnauthorizedError,
 )
 from ..metadata.model import Versioned, password_hash
@@ -231,12 +233,37 @@ async def append_ledgers(
         return done  # a retry of a commit whose reply was lost: nothing to do
     ledgers = [await _closed_ledger(logs, name, ledger_id) for ledger_id in ledger_ids]
     writer = f"{logs.config.client_name}-append-{uuid.UUID(int=logs.ctx.rng.getrandbits(128))}"
+    try:
+        async with asyncio.timeout(logs.config.log_open_timeout_s):
+            versioned = await _take_over_and_append(logs, name, writer, ledgers, properties)
+    except TimeoutError:
+        raise OperationTimeoutError(
+            f"log {name}: appending {list(ledger_ids)} did not finish within "
+            f"log_open_timeout_s={logs.config.log_open_timeout_s}"
+        ) from None
+    await empty_trash(logs, name)
+    md = versioned.value
+    end = md.end_offset
+    assert end is not None  # a committing job leaves no segment open
+    first = md.segments[-len(ledgers)].first_offset if ledgers else end
+    return range(first, end)
+
+
+async def _take_over_and_append(
+    logs: Logs,
+    name: str,
+    writer: str,
+    ledgers: list[tuple[int, int, int | None]],
+    properties: Mapping[str, str | None] | None,
+) -> Versioned[LogMetadata]:
+    """The takeover, then the one compare-and-swap that appends ``ledgers``."""
+    ledger_ids = {ledger_id for ledger_id, _, _ in ledgers}
     takeover = await take_over(logs, name, writer)
     now_ms = logs.clock_ms()
 
     def appended(md: LogMetadata) -> LogMetadata:
         known = {*md.ledger_ids, *md.trash, md.prepared_ledger_id}
-        if known & set(ledger_ids):
+        if known & ledger_ids:
             raise IncorrectParameterError(f"log {name}: a ledger of {ledger_ids} is in it already")
         sealed = takeover.seal(md, now_ms)
         return sealed.with_ledgers_appended(takeover.epoch, ledgers, now_ms).with_properties(
@@ -244,13 +271,7 @@ async def append_ledgers(
         )
 
     retries = logs.config.metadata_retries_max
-    versioned = await update_log(logs.store, name, appended, retries, current=takeover.versioned)
-    await empty_trash(logs, name)
-    md = versioned.value
-    end = md.end_offset
-    assert end is not None  # a committing job leaves no segment open
-    first = md.segments[-len(ledgers)].first_offset if ledgers else end
-    return range(first, end)
+    return await update_log(logs.store, name, appended, retries, current=takeover.versioned)
 
 
 def _appended_already(versioned: Versioned[LogMetadata], ledger_ids: Sequence[int]) -> range | None:
