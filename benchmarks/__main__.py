@@ -4,7 +4,8 @@ Modes: writes (BenchThroughputLatency: closed loop or --rate), reads, tail, reco
 benchmarks against etcd + bookie processes started here, or --metadata URI), bookie (one
 bookie, no client), journal (one bookie with and without the journal), overload (client and
 bookie memory when writers push faster than the bookies sync), floor (one add through minimal
-servers with the same I/O and network: this machine's floor), all.
+servers with the same I/O and network: this machine's floor), log (log appends with
+rollovers against plain ledger writes), all.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import uvloop
 
-from . import bookie, floor, journal, overload, reads, recovery, suite, tail, writes
+from . import bookie, floor, journal, logs, overload, reads, recovery, suite, tail, writes
 from .cluster import ClusterStartError
 
 MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]] = {
@@ -30,6 +31,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
     "journal": (journal, journal.run_journal, "one bookie with/without the journal"),
     "floor": (floor, floor.run_floor, "one add through minimal servers: the machine's floor"),
     "overload": (overload, overload.run_overload, "writers faster than the bookies: RSS"),
+    "log": (logs, logs.run_log, "log appends with rollovers vs plain ledger writes"),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
 }
 

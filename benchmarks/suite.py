@@ -4,7 +4,8 @@ Order: the disk's limits (first, while nothing of ours is being written back), t
 add at a time through minimal servers: the baseline of the 1-outstanding row), one bookie,
 journal on/off, then one local cluster (etcd + 3 bookies) for the client benchmarks (writes at
 1, 128 and 1000 outstanding and an open loop at half the closed-loop rate, tail, reads,
-recovery), then a fresh cluster for writes to 100 ledgers at once (1000 outstanding), then the
+recovery, log appends with rollovers against ledger writes), then a fresh cluster for writes
+to 100 ledgers at once (1000 outstanding), then the
 3-member etcd peer at the same concurrencies. ``--short`` gives each
 measured phase 5 s (the whole run takes about two minutes on a 2-vCPU machine); without it,
 30 s.
@@ -22,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import bookie, floor, journal, overload, reads, recovery, tail, writes
+from . import bookie, floor, journal, logs, overload, reads, recovery, tail, writes
 from .cluster import local_cluster
 from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
@@ -98,6 +99,8 @@ async def _client_benchmarks(uri: str, common: list[str]) -> dict[str, Any]:
     out["reads_c100"] = await reads.measure_reads(uri, mode_args(reads, argv))
     argv = ["--ledgers", "10", "--entries", "2000", "--outstanding", "1000"]
     out["recovery"] = await recovery.measure_recovery(uri, mode_args(recovery, argv))
+    log = await logs.measure_log(uri, mode_args(logs, [*common, "--outstanding", "1000"]))
+    out["log"] = {**log, **logs.ratios(log)}
     return out
 
 
@@ -134,6 +137,11 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
     rows.append(_row("reads: 1/call, 100 calls", results["reads_c100"], ""))
     r = results["recovery"]
     rows.append(_row("recovery: 10 ledgers", r, f"per ledger; {r['entries']} entries read fwd"))
+    r = results["log"]
+    step = r["ratio_rollover_p99"] or float("nan")
+    note = (f"x{r['ratio_vs_ledger']:.2f} ledger rate, x{r['ratio_p99_vs_ledger']:.2f} ledger "
+            f"p99; p99 at a rollover x{step:.2f}")  # fmt: skip
+    rows.append(_row(f"log appends, 1000 outstanding, {r['rollovers']} rollovers", r, note))
     r = results["overload"]
     client, bound = r["client_rss_max_mib"], r["client_rss_bound_mib"]
     note = f"RSS client {client:.0f} MiB (bound {bound:.0f}), bookie {r['bookie_rss_max_mib']:.0f}"

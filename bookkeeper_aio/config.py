@@ -257,6 +257,13 @@ class ClientConfig(_Config):
     close_timeout_s: float = 30.0  # waiting for pending adds before a close gives up
     min_racks_per_write_quorum: int = 1  # >1: rack-aware placement
     strict_placement: bool = False  # BP-31: fail rather than under-spread a write set
+    # Logs (bookkeeper_aio/logs, docs/logs.md).
+    log_read_ahead_bytes_max: int = 4 * MiB  # payload bytes a log reader holds read ahead
+    log_read_batch_entries_max: int = 256  # entries one read-ahead step asks for at once
+    log_read_records_max: int = 10_000  # records one read_log call returns at most
+    log_read_retries_max: int = 10  # failed reads of one batch before a log reader raises
+    log_open_timeout_s: float = 60.0  # a writer's takeover: epoch, recovery, first ledger
+    log_rollover_timeout_s: float = 30.0  # a rollover: drain, close, compare-and-swap
 
     def validate(self) -> None:
         super().validate()

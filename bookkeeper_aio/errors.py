@@ -278,3 +278,36 @@ class MetadataFormatError(BookKeeperError, ValueError):
 
 class IllegalLedgerTransitionError(IncorrectParameterError):
     """A metadata change the ledger state machine forbids (e.g. changing a CLOSED ledger)."""
+
+
+# --- logs (bookkeeper_aio/logs, docs/logs.md) -------------------------------------------
+
+
+class LogFencedError(BookKeeperError):
+    """Another writer took the log over: this writer's appends stop (an append that got this
+    error may or may not be in the log, as with LedgerFencedError)."""
+
+    code = -101
+
+
+class NoSuchLogError(BookKeeperError):
+    """No log of that name (or it is being deleted)."""
+
+    code = -25
+
+
+class LogExistsError(BookKeeperError):
+    """A log of that name exists already."""
+
+    code = -20
+
+
+class LogTruncatedError(IncorrectParameterError):
+    """An offset below the first one the log still keeps (truncation or retention removed it).
+
+    ``start_offset`` is the first offset still kept.
+    """
+
+    def __init__(self, message: str = "", *, start_offset: int = 0) -> None:
+        super().__init__(message)
+        self.start_offset = start_offset

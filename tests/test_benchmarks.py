@@ -106,6 +106,16 @@ def test_recovery(tmp_path, cluster):
     assert result["errors"] == 0  # every ledger recovered up to its last acknowledged entry
 
 
+def test_log(tmp_path, cluster):
+    result = run_benchmark(
+        tmp_path, "log", *TINY, "--outstanding", "20", "--rollover-s", "0.1",
+        "--metadata", cluster.uri,
+    )  # fmt: skip
+    assert result["errors"] == 0 and result["rollovers"] >= 1
+    assert result["ledger"]["entries_per_s"] > 0 and result["ratio_vs_ledger"] > 0
+    assert {"rollover_p99_ms", "steady_p99_ms", "segment_bytes_max"} <= set(result)
+
+
 def test_bookie(tmp_path):
     result = run_benchmark(
         tmp_path, "bookie", "--duration", "0.5", "--warmup", "0.2", "--sequential", "50",

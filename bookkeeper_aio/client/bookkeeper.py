@@ -16,11 +16,13 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from ..config import ClientConfig, MetadataConfig
 from ..digest import master_key
 from ..errors import UnauthorizedError
+from ..logs.api import LogInfo, LogReader, LogRecord, Logs, LogWriter
+from ..logs.options import LogOptions, check_name
 from ..metadata.model import LedgerMetadata, password_hash, validate_quorums
 from ..metadata.store import open_metadata_store
 from ..net import Network, TcpNetwork
@@ -71,6 +73,8 @@ class BookKeeper:
                 await bk._shutdown()
 
     async def _shutdown(self) -> None:
+        if self._logs is not None:
+            await self._logs.close()  # log writers and readers still open
         for writer in self._writers:
             writer._lac_task.cancel()
         await self.ctx.pool.close()
@@ -140,6 +144,134 @@ class BookKeeper:
     async def list_ledgers(self) -> list[int]:
         """Every ledger id in the cluster."""
         return [i async for i in self.ctx.metadata.list_ledgers()]
+
+    # --- logs: named logs of chained ledgers (bookkeeper_aio/logs, docs/logs.md) -------------
+    # Thin delegations to Logs, whose methods carry the full docstrings.
+
+    _logs: Logs | None = None  # created on first use
+
+    @property
+    def logs(self) -> Logs:
+        """The logs API of this client."""
+        if self._logs is None:
+            self._logs = Logs(self)
+        return self._logs
+
+    async def create_log(
+        self,
+        name: str,
+        *,
+        ensemble_size: int = 3,
+        write_quorum: int = 3,
+        ack_quorum: int = 2,
+        segment_bytes_max: int | None = 64 << 20,
+        segment_entries_max: int | None = None,
+        segment_age_s: float | None = None,
+        retention_s: float | None = None,
+        retention_bytes: int | None = None,
+        exist_ok: bool = False,
+    ) -> LogInfo:
+        """Create a log (:meth:`Logs.create_log`): a writer rolls over to a new ledger at
+        ``segment_entries_max`` records, ``segment_bytes_max`` bytes or ``segment_age_s``
+        after its ledger's first record; retention removes whole ledgers from the front,
+        older than ``retention_s`` or beyond ``retention_bytes``.
+
+        Raises:
+            IncorrectParameterError: an invalid name or option (before etcd is touched).
+            LogExistsError: the log exists (and ``exist_ok`` is False).
+        """
+        check_name(name)  # before the options: a bad name is the first thing to say
+        options = LogOptions(
+            ensemble_size, write_quorum, ack_quorum, segment_bytes_max, segment_entries_max,
+            segment_age_s, retention_s, retention_bytes,
+        )  # fmt: skip
+        return await self.logs.create_log(name, options, exist_ok=exist_ok)
+
+    def open_log_writer(self, name: str) -> LogWriter:
+        """The log's writer; ``async with`` takes the log over (:meth:`Logs.open_log_writer`).
+
+        Raises:
+            IncorrectParameterError: an invalid name.
+        """
+        return self.logs.open_log_writer(name)
+
+    def open_log_reader(self, name: str, from_offset: int = 0) -> LogReader:
+        """Records from ``from_offset`` on, waiting for more (:meth:`Logs.open_log_reader`).
+
+        Raises:
+            IncorrectParameterError: an invalid name or offset.
+        """
+        return self.logs.open_log_reader(name, from_offset)
+
+    async def read_log(
+        self, name: str, from_offset: int = 0, to_offset: int | None = None
+    ) -> list[LogRecord]:
+        """Confirmed records ``from_offset..to_offset`` (:meth:`Logs.read_log`).
+
+        Raises:
+            NoSuchLogError, LogTruncatedError, IncorrectParameterError.
+        """
+        return await self.logs.read_log(name, from_offset, to_offset)
+
+    async def commit_log_offset(self, name: str, group: str, offset: int) -> None:
+        """Store a group's cursor (:meth:`Logs.commit_log_offset`).
+
+        Raises:
+            NoSuchLogError, IncorrectParameterError.
+        """
+        await self.logs.commit_log_offset(name, group, offset)
+
+    async def committed_log_offset(self, name: str, group: str) -> int | None:
+        """A group's cursor, or None (:meth:`Logs.committed_log_offset`).
+
+        Raises:
+            NoSuchLogError, IncorrectParameterError.
+        """
+        return await self.logs.committed_log_offset(name, group)
+
+    async def truncate_log(self, name: str, before_offset: int) -> int:
+        """Delete whole ledgers below an offset; the first offset kept (:meth:`Logs.truncate_log`).
+
+        Raises:
+            NoSuchLogError, IncorrectParameterError.
+        """
+        return await self.logs.truncate_log(name, before_offset)
+
+    async def log_info(self, name: str) -> LogInfo:
+        """Segments and offsets (:meth:`Logs.log_info`).
+
+        Raises:
+            NoSuchLogError.
+        """
+        return await self.logs.log_info(name)
+
+    async def list_logs(self) -> list[str]:
+        """Every log's name (:meth:`Logs.list_logs`)."""
+        return await self.logs.list_logs()
+
+    async def delete_log(self, name: str) -> None:
+        """Delete a log, its ledgers and cursors (:meth:`Logs.delete_log`).
+
+        Raises:
+            NoSuchLogError.
+        """
+        await self.logs.delete_log(name)
+
+    async def append_ledgers_to_log(
+        self,
+        name: str,
+        ledger_ids: Sequence[int],
+        *,
+        properties: Mapping[str, str | None] | None = None,
+    ) -> range:
+        """Append closed ledgers in one compare-and-swap, as a writer taking the log over;
+        the offsets they got (:meth:`Logs.append_ledgers_to_log`).
+
+        Raises:
+            NoSuchLogError, NoSuchLedgerError, IncorrectParameterError, UnauthorizedError,
+            LogFencedError.
+        """
+        return await self.logs.append_ledgers_to_log(name, ledger_ids, properties=properties)
 
 
 __all__ = ["BookKeeper"]

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import BookKeeperError, ConfigError
-from . import cluster
+from . import cluster, logs
 from .sanity import bookie_sanity
 
 
@@ -25,11 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
         ("init-cluster", "create the cluster's instance id (idempotent)"),
         ("list-bookies", "registered bookies: id, rack, writable or read-only"),
         ("list-ledgers", "every ledger id"),
+        ("list-logs", "every log's name (docs/logs.md)"),
     ):
         commands.add_parser(name, help=text).set_defaults(run=_metadata_command)
     meta = commands.add_parser("ledger-metadata", help="one ledger's metadata as JSON")
     meta.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
     meta.set_defaults(run=_metadata_command)
+    info = commands.add_parser("log-info", help="one log: offsets, segments, metadata (JSON)")
+    info.add_argument("name", metavar="NAME")
+    info.set_defaults(run=_metadata_command)
     fix = commands.add_parser(
         "cookie-fix",
         help="let a bookie whose disk was wiped or replaced start again (BP-46)",
@@ -64,6 +68,10 @@ async def _metadata_command(args: argparse.Namespace) -> str:
         return await cluster.list_bookies(args.metadata)
     if args.command == "list-ledgers":
         return await cluster.list_ledgers(args.metadata)
+    if args.command == "list-logs":
+        return await logs.list_logs(args.metadata)
+    if args.command == "log-info":
+        return await logs.log_info(args.metadata, args.name)
     if args.command == "cookie-fix":
         return await cluster.cookie_fix(args.metadata, args.bookie)
     return await cluster.ledger_metadata(args.metadata, args.ledger_id)

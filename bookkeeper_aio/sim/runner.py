@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checkers import History, Violation
+from .logs import LOG_BUGS
 from .loop import Deadlock, Livelock, VirtualTimeLoop
 from .workload import Run, Scenario, draw_scenario
 from .world import Faults, World
@@ -32,6 +33,7 @@ KNOWN_BUGS = (
     "unknown-as-negative",
     "no-limbo",
     "no-fence-on-boot",
+    *LOG_BUGS,
 )
 
 
@@ -99,6 +101,7 @@ def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
         "metadata_revision": world.state.revision,
         "power_losses": run.power_losses,
         "acked_copies_lost": run.acked_copies_lost,
+        "logs": run.log_stats,
     }
     return SimResult(
         seed,

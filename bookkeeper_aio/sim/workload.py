@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from ..errors import BookKeeperError
 from ..quorum import write_set
 from .checkers import History, check_all
+from .logs import LogAct
 from .world import Faults, World, close_client
 
 QUORUMS = ((3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (4, 2, 2), (5, 3, 2), (2, 2, 2))
@@ -181,6 +182,7 @@ class Run:
         self.healing = False  # the fault phase is over
         self.power_losses = 0
         self.acked_copies_lost = 0  # acknowledged copies that power losses took away
+        self.log_stats: dict[str, int] = {}  # the log act's (sim/logs.py)
 
     def spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
         self.tasks.append(asyncio.create_task(coro, name=name))
@@ -212,6 +214,8 @@ class Run:
         for task in writers:
             task.cancel()
         await self._liveness()
+        self.check()
+        await LogAct(self).play()  # named logs on the same cluster (sim/logs.py)
         self.check()
 
     # --- agents ---------------------------------------------------------------------------

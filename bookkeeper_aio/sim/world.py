@@ -35,6 +35,7 @@ from ..client.placement import PlacementPolicy
 from ..config import BookieConfig, ClientConfig, MetadataConfig
 from ..digest import unpack_entry_record
 from ..metadata.memory import MemoryFaults, MemoryMetadataStore, MemoryState
+from ..metadata.memory_keys import KeySpace
 from ..metadata.model import LedgerMetadata, Versioned
 from .disk import DiskFaults, NodeDisk, SimStorage
 from .net import NetFaults, SimNetwork
@@ -74,6 +75,17 @@ class RecordingState(MemoryState):
         super().notify_ledger(ledger_id, value)
 
 
+class RecordingKeySpace(KeySpace):
+    """The store's keys, reporting every key state as it is stored (the log checkers)."""
+
+    on_key: Callable[[str, Versioned | None], None] | None = None
+
+    def _notify(self, key: str) -> None:
+        if self.on_key is not None:
+            self.on_key(key, self.get(key))
+        super()._notify(key)
+
+
 @dataclass
 class Faults:
     """Every fault knob of one run."""
@@ -101,8 +113,10 @@ class World:
         self.bugs = bugs
         self.net = SimNetwork(random.Random(self.rng.getrandbits(64)), faults.net)
         self.state = RecordingState()
+        self.state.keys = RecordingKeySpace()
         self.state.instance_id = "simulated"
         self.bookies: list[SimBookie] = []
+        self._decoded: dict[int, Versioned] = {}  # ledger id -> its metadata (ledger())
         self.journal_write_data = True  # False: BP-46 bookies (set before starting any)
         self._meta_faults = MemoryFaults(random.Random(self.rng.getrandbits(64)))
         self._sync_metadata_faults()
@@ -150,7 +164,12 @@ class World:
         found = self.state.ledgers.get(ledger_id)
         if found is None:
             return None
-        return Versioned(LedgerMetadata.from_json_bytes(found[0]), found[1])
+        cached = self._decoded.get(ledger_id)
+        if cached is None or cached.version != found[1]:  # decode each version once
+            cached = self._decoded[ledger_id] = Versioned(
+                LedgerMetadata.from_json_bytes(found[0]), found[1]
+            )
+        return cached
 
 
 async def close_client(bk: BookKeeper) -> None:
