@@ -53,6 +53,7 @@ class ErrorCode(IntEnum):
     DUPLICATE_SEQUENCE_NUMBER = 46
     INVALID_PRODUCER_EPOCH = 47
     KAFKA_STORAGE_ERROR = 56
+    GROUP_MAX_SIZE_REACHED = 81
 
 
 class KafkaError(Exception):
