@@ -99,8 +99,8 @@ def parse_header(frame: bytes) -> tuple[m.RequestHeader, int]:
             raise ProtocolDecodeError("client id runs past the end of the request")
         client_id = frame[pos : pos + length].decode("utf-8", "replace")
         pos += length
-    if api_key == ApiKey.API_VERSIONS and api_version >= API_VERSIONS_FLEXIBLE:
-        pos = _skip_tagged_fields(frame, pos)  # request header v2
+    if api_key == ApiKey.API_VERSIONS and api_version == API_VERSIONS_FLEXIBLE:
+        pos = _skip_tagged_fields(frame, pos)  # request header v2 (later versions: error 35)
     return m.RequestHeader(api_key, api_version, correlation_id, client_id), pos
 
 

@@ -200,7 +200,8 @@ class Gateway:
     async def _watch_lease(self) -> None:
         while True:
             lease = self.membership.lease
-            assert lease is not None
+            if lease is None:
+                return  # unregistered: the gateway is stopping
             await lease.lost.wait()
             if self.membership.lease is not lease:
                 continue
