@@ -117,7 +117,7 @@ def decode_request(header: m.RequestHeader, frame: bytes, body_start: int) -> m.
     buf = BytesIO(frame)
     buf.seek(body_start)
     try:
-        body = cls.decode(buf).to_object()
+        body = _named(cls.SCHEMA, cls.SCHEMA.decode(buf))
         request = _DECODERS[key](header.api_version, body)
     except (ValueError, TypeError, KeyError, struct.error) as exc:
         raise ProtocolDecodeError(
@@ -153,6 +153,18 @@ def api_versions(error_code: int = 0) -> m.ApiVersionsResponse:
     """The ApiVersions answer: every supported key with its range."""
     ranges = tuple((int(k), low, high) for k, (low, high) in sorted(SUPPORTED_VERSIONS.items()))
     return m.ApiVersionsResponse(error_code, ranges)
+
+
+def _named(schema: Schema, values: tuple) -> dict[str, Any]:
+    """A decoded struct as nested dicts by field name (null arrays stay None)."""
+    out: dict[str, Any] = {}
+    for name, field, value in zip(schema.names, schema.fields, values, strict=True):
+        if isinstance(field, Schema):
+            value = _named(field, value)
+        elif isinstance(field, Array) and isinstance(field.array_of, Schema) and value is not None:
+            value = [_named(field.array_of, v) for v in value]
+        out[name] = value
+    return out
 
 
 def _frame(correlation_id: int, body: bytes) -> bytes:
@@ -230,7 +242,7 @@ def _skip_tagged_fields(frame: bytes, pos: int) -> int:
     return pos
 
 
-# --- request decoders (aiokafka's to_object() dicts -> messages) --------------------------
+# --- request decoders (decoded structs as dicts -> messages) --------------------------
 
 
 def _produce(v: int, b: dict[str, Any]) -> m.ProduceRequest:
