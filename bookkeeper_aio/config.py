@@ -317,6 +317,8 @@ class KafkaConfig(_Config):
     kafka_default_write_quorum: int = 3
     kafka_default_ack_quorum: int = 2
     kafka_segment_bytes_max: int = 64 * MiB  # a partition's log rolls to a new ledger past it
+    # Recent batches kept per owned partition, so consumers keeping up read no bookie.
+    kafka_tail_cache_bytes_max: int = 8 * MiB
 
     # Wire limits.
     kafka_request_bytes_max: int = 16 * MiB  # one request; larger: the connection is closed

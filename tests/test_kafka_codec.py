@@ -21,6 +21,7 @@ from bookkeeper_aio.kafka.errors import (
     KafkaError,
     ProtocolDecodeError,
 )
+from bookkeeper_aio.kafka.offset_index import OffsetIndex
 from bookkeeper_aio.kafka.records import parse_header, span, validate_batch, with_base_offset
 from bookkeeper_aio.kafka.sequences import ProducerSequences
 from tests.kafka_support import batch
@@ -193,3 +194,36 @@ def test_sequences_accept_in_order_batches_and_flag_every_retry(counts, data):
             h_old, off_old = data.draw(st.sampled_from(sent[-5:]))
             dup = seq.check(h_old)
             assert dup is not None and dup.original.base_offset == off_old
+
+
+# --- the offset index --------------------------------------------------------------------
+
+
+@given(
+    st.lists(st.integers(1, 20), min_size=1, max_size=200),  # records per batch
+    st.lists(st.integers(1, 40), min_size=1, max_size=8),  # entries per segment
+    st.integers(0, 100),  # how many of the last entries this gateway appended itself
+)
+async def test_offset_index_finds_the_entry_holding_every_kafka_offset(counts, cuts, own):
+    bases = [sum(counts[:i]) for i in range(len(counts))]
+    segments, first = [], 0
+    for cut in cuts:
+        if first < len(counts):
+            last = min(len(counts), first + cut) - 1
+            segments.append((first, last))
+            first = last + 1
+    if first < len(counts):
+        segments.append((first, len(counts) - 1))
+    index = OffsetIndex(own_entries_max=64, cached_entries_max=16)
+    for log_offset in range(max(0, len(counts) - own), len(counts)):
+        index.appended(log_offset, bases[log_offset])
+
+    async def read_base(log_offset: int) -> int:
+        return bases[log_offset]
+
+    async def segments_():
+        return segments
+
+    for kafka_offset in range(sum(counts)):
+        found = await index.locate(kafka_offset, segments_, read_base)
+        assert bases[found] <= kafka_offset < bases[found] + counts[found]

@@ -97,7 +97,7 @@ class MemoryPartitionLog:
         if not future.done():
             future.set_result(None)
 
-    async def wait_for_room(self) -> None:
+    async def wait_for_room(self, size: int) -> None:
         return None
 
     async def read(self, offset: int, max_bytes: int) -> list[bytes]:

@@ -64,8 +64,8 @@ class PartitionLog(Protocol):
         """
         ...
 
-    async def wait_for_room(self) -> None:
-        """Wait until an append would not exceed the writer's pending bounds."""
+    async def wait_for_room(self, size: int) -> None:
+        """Wait until an append of ``size`` bytes would not exceed the writer's bounds."""
         ...
 
     async def read(self, offset: int, max_bytes: int) -> list[bytes]:
@@ -162,7 +162,7 @@ class OwnedPartition:
         """
         header = validate_batch(data, self.batch_bytes_max)
         assert data is not None
-        await self.log.wait_for_room()
+        await self.log.wait_for_room(len(data))
         self._check_owned()  # re-checked: the wait may have seen the log fail
         duplicate = self.sequences.check(header)
         if duplicate is not None:
