@@ -31,7 +31,7 @@ from . import messages as m
 from .assignors import check_assignment
 from .errors import ErrorCode, KafkaError, NotCoordinatorError, code_for
 from .group import Group, GroupLimits, GroupState
-from .ownership import GatewayInfo, Membership
+from .ownership import GatewayInfo, Membership, key_segment
 from .partition import PartitionStorage
 from .topics import Topics
 
@@ -72,7 +72,7 @@ class Coordinator:
 
     async def find(self, group_id: str) -> GatewayInfo:
         """The group's coordinator: this gateway if it holds (or now took) the claim."""
-        owner = await self.membership.claim(COORDINATORS + group_id)
+        owner = await self.membership.claim(COORDINATORS + key_segment(group_id))
         return self.membership.me if owner is None else owner
 
     async def join(self, req: m.JoinGroupRequest, client_id: str) -> m.JoinGroupResponse:
@@ -187,7 +187,7 @@ class Coordinator:
         group = self.groups.get(group_id)
         if group is not None:
             return group
-        owner = await self.membership.claim(COORDINATORS + group_id)
+        owner = await self.membership.claim(COORDINATORS + key_segment(group_id))
         if owner is not None:
             raise NotCoordinatorError(f"group {group_id} is coordinated by {owner.address}")
         group = self.groups.get(group_id)  # re-checked: the claim awaited
@@ -243,7 +243,7 @@ class Coordinator:
             )
             if self._published.get(group_id) != doc:
                 try:
-                    await self.membership.store.put(GROUPS + group_id, doc.encode())
+                    await self.membership.store.put(GROUPS + key_segment(group_id), doc.encode())
                     self._published[group_id] = doc
                 except Exception as exc:  # retried on the next turn
                     log.warning("group %s: publishing its state failed: %r", group_id, exc)

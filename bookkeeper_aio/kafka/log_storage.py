@@ -30,12 +30,12 @@ import asyncio
 import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING
-from urllib.parse import quote
 
 from ..config import KafkaConfig
 from ..errors import LogFencedError, NoSuchLogError
 from .errors import NotLeaderError, UnknownTopicError
 from .offset_index import OffsetIndex
+from .ownership import key_segment
 from .records import span
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def log_name(topic: str, partition: int) -> str:
 
 def cursor_name(group: str) -> str:
     """A Kafka group id as a log cursor name (percent-encoded: no ``/``, no spaces)."""
-    return quote(group, safe="") or "%00"
+    return key_segment(group)
 
 
 class LogPartitionStorage:

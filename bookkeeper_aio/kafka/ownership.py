@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from ..config import parse_address
 from ..errors import MetadataUnavailableError, MetadataVersionError
@@ -37,6 +38,12 @@ GATEWAYS = "kafka/gateways/"
 NODE_IDS = "kafka/node-ids/"
 NODE_ID_COUNTER = "kafka/node-id-counter"
 CLAIM_ATTEMPTS_MAX = 16
+
+
+def key_segment(text: str) -> str:
+    """Any string (a Kafka group id may hold spaces or ``/``) as one key segment:
+    percent-encoded, ``%00`` for the empty string."""
+    return quote(text, safe="") or "%00"
 
 
 @dataclass(frozen=True, slots=True)
