@@ -193,11 +193,22 @@ class Coordinator:
         group = self.groups.get(group_id)  # re-checked: the claim awaited
         if group is None:
             if len(self.groups) >= self.config.kafka_groups_max:
-                raise KafkaError(
-                    "too many groups on this gateway", ErrorCode.COORDINATOR_NOT_AVAILABLE
-                )
+                self._forget_an_empty_group()
             group = self.groups[group_id] = Group(group_id, self.limits, self.rng)
         return group
+
+    def _forget_an_empty_group(self) -> None:
+        """Make room for a group: an empty one goes (its offsets stay in the logs).
+
+        Raises:
+            KafkaError: every group here has members (COORDINATOR_NOT_AVAILABLE).
+        """
+        for group_id, group in self.groups.items():
+            if group.state is GroupState.EMPTY:
+                del self.groups[group_id]
+                self._published.pop(group_id, None)
+                return
+        raise KafkaError("too many groups on this gateway", ErrorCode.COORDINATOR_NOT_AVAILABLE)
 
     async def _commit_one(
         self, info: Any, topic: str, index: int, group: str, offset: int

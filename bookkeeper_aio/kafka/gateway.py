@@ -223,6 +223,8 @@ class Gateway:
     async def _shutdown(self) -> None:
         if self.server is not None:
             self.server.close()
+        # Parked joins and syncs get NOT_COORDINATOR now rather than waiting for barriers.
+        self._drop_everything("gateway shutting down", quiet=True)
         for conn in list(self.connections):
             conn.close()
         tasks = [conn.task for conn in self.connections if conn.task is not None]
@@ -230,7 +232,6 @@ class Gateway:
             _, pending = await asyncio.wait(tasks, timeout=self.config.kafka_shutdown_timeout_s)
             for task in pending:  # answers nobody takes: the connection goes now
                 task.cancel()
-        self._drop_everything("gateway shutting down", quiet=True)
         for partition in list(self.owned.values()):
             with contextlib.suppress(Exception):
                 await partition.log.close()
