@@ -39,6 +39,25 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def set_options(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` options as config overrides: values in TOML syntax (``3``, ``true``,
+    ``"x"``), anything else taken as a bare string.
+
+    Raises:
+        ConfigError: an item without ``=``.
+    """
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            overrides[key.strip()] = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            overrides[key.strip()] = text
+    return overrides
+
+
 @dataclass(frozen=True)
 class _Config:
     """Shared loading and validation of configuration dataclasses."""

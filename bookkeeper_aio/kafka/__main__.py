@@ -15,12 +15,11 @@ import asyncio
 import logging
 import signal
 import sys
-import tomllib
 from typing import Any
 
 import uvloop
 
-from ..config import KafkaConfig
+from ..config import KafkaConfig, set_options
 from ..errors import BookKeeperError, ConfigError
 
 log = logging.getLogger("bookkeeper_aio.kafka")
@@ -53,14 +52,7 @@ def build_config(args: argparse.Namespace) -> KafkaConfig:
     ):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            overrides[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            overrides[key.strip()] = value  # a bare string
+    overrides.update(set_options(args.set))
     if args.config:
         config = KafkaConfig.from_file(args.config, overrides)
     else:
