@@ -52,7 +52,7 @@ def fetched_values(response) -> list[bytes]:
     return out
 
 
-async def test_aiokafka_idempotent_producer_and_a_group_of_two_read_everything():
+async def test_aiokafka_idempotent_producer_and_a_group_of_two_read_everything(caplog):
     async with memory_gateway(kafka_group_session_timeout_ms_min=1000) as gw:
         await gw.topics.create("orders", 3, 1, 1, 1)
         bootstrap = f"127.0.0.1:{gw.port}"
@@ -89,6 +89,8 @@ async def test_aiokafka_idempotent_producer_and_a_group_of_two_read_everything()
         for partition, values in got.items():  # in produce order within each partition
             order = [r for r in results if r.partition == partition]
             assert values == [sent[results.index(r)] for r in sorted(order, key=lambda r: r.offset)]
+        # The leader's (aiokafka's roundrobin) assignments passed the coordinator's check.
+        assert not [r for r in caplog.records if r.name == "bookkeeper_aio.kafka.coordinator"]
 
 
 async def test_unknown_api_key_and_versions_get_unsupported_version_and_the_gateway_goes_on():

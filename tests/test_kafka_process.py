@@ -34,11 +34,15 @@ def gateway(cluster, tmp_path_factory):
         yield g
 
 
-def shell(uri: str, *args: str) -> str:
-    done = subprocess.run(
+def run_shell(uri: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "-m", "bookkeeper_aio.shell", "--metadata", uri, *args],
         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def shell(uri: str, *args: str) -> str:
+    done = run_shell(uri, *args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -108,6 +112,10 @@ async def test_a_group_of_two_reads_10000_records_as_produced_and_a_restart_resu
         await restarted.stop()
     assert sorted(v for vs in resumed.values() for v in vs) == sorted(later)
     assert not any(extra.values())
+    again = run_shell(cluster.uri, "create-topic", "orders", "--partitions", "1")
+    assert again.returncode == 1 and "TopicExistsError" in again.stderr
+    assert "deleted topic orders" in shell(cluster.uri, "delete-topic", "orders")
+    assert "orders" not in shell(cluster.uri, "list-topics")
 
 
 @needs_kcat
