@@ -11,8 +11,14 @@ import sys
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from bookkeeper_aio import BookKeeper
+from bookkeeper_aio.config import KafkaConfig
+from bookkeeper_aio.kafka.gateway import Gateway
+from bookkeeper_aio.kafka.log_storage import LogPartitionStorage, log_name
 from bookkeeper_aio.kafka.process import GatewayProcess
-from bookkeeper_aio.sandbox import Cluster
+from bookkeeper_aio.sandbox import Cluster, free_port
+from tests.kafka_support import RawClient, batch
+from tests.test_kafka_gateway import NOT_LEADER, fetch, fetched_values, produce, produce_answer
 
 pytestmark = pytest.mark.process
 KCAT = shutil.which("kcat") or shutil.which("kafkacat")
@@ -193,3 +199,22 @@ async def test_gateway_killed_mid_produce_loses_nothing_acknowledged(cluster, tm
         assert len(values) == len(set(values))  # idempotence: no record twice
     finally:
         gw.stop(10)
+
+
+async def test_a_gateway_fenced_out_of_its_log_answers_not_leader(cluster):
+    """Another writer takes the partition's log over behind the gateway's back (as a gateway
+    that claimed it after this one's lease ran out would): the log refuses this gateway's
+    next append, the producer is told NOT_LEADER_OR_FOLLOWER, and nothing acknowledged is
+    lost; once the other writer is gone the gateway takes the log back, offsets continuing."""
+    async with BookKeeper.connect(cluster.uri) as bk, BookKeeper.connect(cluster.uri) as other:
+        cfg = KafkaConfig(kafka_listen=f"127.0.0.1:{free_port()}")
+        async with Gateway.serve(cfg, bk.ctx.metadata, LogPartitionStorage(bk, cfg)) as gw:
+            await gw.topics.create("fence", 1, 3, 3, 2)
+            async with RawClient.connect(gw.port) as c:
+                assert produce_answer(await c.call(produce("fence", 0, batch([b"a"])), 1)) == (0, 0)
+                async with other.open_log_writer(log_name("fence", 0)):
+                    answer = await c.call(produce("fence", 0, batch([b"b"])), 2)
+                    assert produce_answer(answer)[0] == NOT_LEADER
+                answer = await c.call(produce("fence", 0, batch([b"c", b"d"])), 3)
+                assert produce_answer(answer) == (0, 1)
+                assert fetched_values(await c.call(fetch("fence", 0, 0), 4)) == [b"a", b"c", b"d"]
