@@ -12,7 +12,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiokafka.protocol.api import RequestHeader_v1
+from aiokafka.protocol.fetch import FetchRequest_v4
+from aiokafka.protocol.produce import ProduceRequest_v3, ProduceRequest_v7
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
 
 from bookkeeper_aio.config import KafkaConfig
 from bookkeeper_aio.kafka.gateway import Gateway
@@ -92,3 +95,31 @@ async def memory_gateway(**config: Any) -> AsyncIterator[Gateway]:
                 yield gateway
         finally:
             MemoryMetadataStore.forget(name)
+
+
+UNSUPPORTED_VERSION, CORRUPT_MESSAGE, UNKNOWN_TOPIC, NOT_LEADER = 35, 2, 3, 6
+
+
+def produce(topic: str, partition: int, data: bytes, acks: int = -1, version: int = 3):
+    cls = {3: ProduceRequest_v3, 7: ProduceRequest_v7}[version]
+    return cls(None, acks, 5_000, [(topic, [(partition, data)])])
+
+
+def produce_answer(response) -> tuple[int, int]:
+    """(error code, base offset) of a one-partition produce answer."""
+    [(_, [part])] = response.topics
+    return part[1], part[2]
+
+
+def fetch(topic: str, partition: int, offset: int, max_wait_ms: int = 0):
+    return FetchRequest_v4(
+        -1, max_wait_ms, 1, 1 << 20, 0, [(topic, [(partition, offset, 1 << 20)])]
+    )
+
+
+def fetched_values(response) -> list[bytes]:
+    [(_, [part])] = response.topics
+    records, out = MemoryRecords(part[-1]), []
+    while (b := records.next_batch()) is not None:
+        out += [r.value for r in b]
+    return out

@@ -11,10 +11,8 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.protocol.admin import ApiVersionRequest_v0, ApiVersionRequest_v2
-from aiokafka.protocol.fetch import FetchRequest_v4
 from aiokafka.protocol.metadata import MetadataRequest_v1, MetadataRequest_v4
-from aiokafka.protocol.produce import ProduceRequest_v2, ProduceRequest_v3, ProduceRequest_v7
-from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.protocol.produce import ProduceRequest_v2
 
 from bookkeeper_aio.config import KafkaConfig
 from bookkeeper_aio.kafka.gateway import Gateway
@@ -22,34 +20,19 @@ from bookkeeper_aio.kafka.memory_storage import MemoryPartitionStorage
 from bookkeeper_aio.metadata.memory import MemoryMetadataStore
 from bookkeeper_aio.metadata.store import open_metadata_store
 from bookkeeper_aio.sandbox import free_port
-from tests.kafka_support import RawClient, batch, memory_gateway
-
-UNSUPPORTED_VERSION, CORRUPT_MESSAGE, UNKNOWN_TOPIC, NOT_LEADER = 35, 2, 3, 6
-
-
-def produce(topic: str, partition: int, data: bytes, acks: int = -1, version: int = 3):
-    cls = {3: ProduceRequest_v3, 7: ProduceRequest_v7}[version]
-    return cls(None, acks, 5_000, [(topic, [(partition, data)])])
-
-
-def produce_answer(response) -> tuple[int, int]:
-    """(error code, base offset) of a one-partition produce answer."""
-    [(_, [part])] = response.topics
-    return part[1], part[2]
-
-
-def fetch(topic: str, partition: int, offset: int, max_wait_ms: int = 0):
-    return FetchRequest_v4(
-        -1, max_wait_ms, 1, 1 << 20, 0, [(topic, [(partition, offset, 1 << 20)])]
-    )
-
-
-def fetched_values(response) -> list[bytes]:
-    [(_, [part])] = response.topics
-    records, out = MemoryRecords(part[-1]), []
-    while (b := records.next_batch()) is not None:
-        out += [r.value for r in b]
-    return out
+from tests.kafka_support import (
+    CORRUPT_MESSAGE,
+    NOT_LEADER,
+    UNKNOWN_TOPIC,
+    UNSUPPORTED_VERSION,
+    RawClient,
+    batch,
+    fetch,
+    fetched_values,
+    memory_gateway,
+    produce,
+    produce_answer,
+)
 
 
 async def test_aiokafka_idempotent_producer_and_a_group_of_two_read_everything(caplog):

@@ -17,8 +17,15 @@ from bookkeeper_aio.kafka.gateway import Gateway
 from bookkeeper_aio.kafka.log_storage import LogPartitionStorage, log_name
 from bookkeeper_aio.kafka.process import GatewayProcess
 from bookkeeper_aio.sandbox import Cluster, free_port
-from tests.kafka_support import RawClient, batch
-from tests.test_kafka_gateway import NOT_LEADER, fetch, fetched_values, produce, produce_answer
+from tests.kafka_support import (
+    NOT_LEADER,
+    RawClient,
+    batch,
+    fetch,
+    fetched_values,
+    produce,
+    produce_answer,
+)
 
 pytestmark = pytest.mark.process
 KCAT = shutil.which("kcat") or shutil.which("kafkacat")
