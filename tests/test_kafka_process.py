@@ -4,9 +4,11 @@ unmodified Kafka clients: aiokafka and kcat (librdkafka). Issue 33, point 5."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -225,3 +227,20 @@ async def test_a_gateway_fenced_out_of_its_log_answers_not_leader(cluster):
                 answer = await c.call(produce("fence", 0, batch([b"c", b"d"])), 3)
                 assert produce_answer(answer) == (0, 1)
                 assert fetched_values(await c.call(fetch("fence", 0, 0), 4)) == [b"a", b"c", b"d"]
+
+
+def test_the_kafka_benchmark_runs(cluster, tmp_path):
+    """``python -m benchmarks kafka`` with tiny sizes: every phase measured, no errors."""
+    out = tmp_path / "kafka.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "kafka", "--metadata", cluster.uri,
+         "--duration", "0.5", "--warmup", "0.2", "--outstanding", "50", "--entry-size", "256",
+         "--dir", str(tmp_path), "--json", str(out)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for phase in (result, result["log"], result["log_batches"]):
+        assert phase["entries_per_s"] > 0 and phase["errors"] == 0
+    assert result["records_per_batch"] >= 1 and result["ratio_vs_log_batches"] > 0
