@@ -119,6 +119,8 @@ class LogPartition:
         self._start = 0  # first Kafka offset kept
         self._hw = 0
         self._acked_log_end = 0  # log offset after the last acknowledged entry
+        self._taken_over_at = 0  # the log's next offset when this writer took over
+        self._old_segments: list[tuple[int, int]] = []
         self._changed = asyncio.Event()
         self._tail: OrderedDict[int, bytes] = OrderedDict()  # log offset -> entry
         self._tail_bytes = 0
@@ -127,7 +129,14 @@ class LogPartition:
     async def start(self) -> None:
         """Learn the log's Kafka offsets: its first kept one and the one after its end."""
         info = await self.bk.log_info(self.name)
-        self._acked_log_end = self.writer.next_offset
+        self._acked_log_end = self._taken_over_at = self.writer.next_offset
+        # What the log held at the takeover never changes: its segments, clipped there, are
+        # all a bisection for an older offset needs (this writer's own are indexed).
+        self._old_segments = [
+            (s.first_offset, min(s.last_offset, self._taken_over_at - 1))
+            for s in info.segments
+            if s.first_offset <= min(s.last_offset, self._taken_over_at - 1)
+        ]
         if info.start_offset < self._acked_log_end:
             self._start = await self._read_base(info.start_offset)
             [last] = await self.bk.read_log(
@@ -244,7 +253,9 @@ class LogPartition:
         return span(record.payload)[0]
 
     async def _segments(self) -> list[tuple[int, int]]:
-        info = await self.bk.log_info(self.name)
+        if self.index.own_covers(self._taken_over_at):
+            return self._old_segments
+        info = await self.bk.log_info(self.name)  # the own index dropped entries: ask the log
         return [
             (s.first_offset, s.last_offset)
             for s in info.segments

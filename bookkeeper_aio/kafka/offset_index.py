@@ -51,6 +51,11 @@ class OffsetIndex:
             del self._own_bases[:half]
             self._own_first += half
 
+    def own_covers(self, log_offset: int) -> bool:
+        """Whether the own index still holds every entry from ``log_offset`` on (or holds
+        nothing: no entry appended yet)."""
+        return not self._own_bases or self._own_first <= log_offset
+
     def own(self, kafka_offset: int) -> int | None:
         """The log offset of the entry holding ``kafka_offset`` if it is one of ours."""
         if not self._own_bases or kafka_offset < self._own_bases[0]:
