@@ -95,7 +95,10 @@ class RequestHandler:
                             "transactions are not supported", ErrorCode.INVALID_REQUEST
                         )
                     partition = await self.gw.partition(topic.name, p.index, auto_create=True)
-                    base_offset, ack = await partition.append(p.records)
+                    # Only the wait for room in the log writer can block here; the append
+                    # itself is issued synchronously after it.
+                    async with asyncio.timeout(self.config.kafka_produce_wait_ms_max / 1000):
+                        base_offset, ack = await partition.append(p.records)
                     issued.append((topic.name, p.index, base_offset, ack))
                 except Exception as exc:
                     issued.append((topic.name, p.index, _code(exc, "produce"), None))
