@@ -41,7 +41,6 @@ from aiokafka.protocol import (
 )
 from aiokafka.protocol.api import RequestStruct
 from aiokafka.protocol.types import Array, Bytes, Int16, Int32, Schema, String
-from aiokafka.record.util import calc_crc32c
 
 from . import messages as m
 from .errors import ErrorCode, ProtocolDecodeError
@@ -67,11 +66,6 @@ SUPPORTED_VERSIONS: dict[ApiKey, tuple[int, int]] = {
 API_VERSIONS_FLEXIBLE = 3
 _HEADER = struct.Struct(">hhih")
 _INT32 = struct.Struct(">i")
-
-
-def crc32c(data: bytes | bytearray | memoryview, start: int = 0) -> int:
-    """CRC32C (Castagnoli) of ``data[start:]`` (aiokafka's compiled implementation)."""
-    return calc_crc32c(memoryview(data)[start:])
 
 
 def is_supported(api_key: int, api_version: int) -> bool:

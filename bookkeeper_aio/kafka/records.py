@@ -28,7 +28,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .codec import crc32c
+import google_crc32c
+
 from .errors import BatchTooLargeError, CorruptBatchError, ErrorCode, KafkaError
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -110,7 +111,7 @@ def validate_batch(data: bytes | None, batch_bytes_max: int) -> BatchHeader:
             f"batchLength {header.batch_length} does not span the {len(data)} bytes sent "
             "(exactly one record batch per partition is accepted)"
         )
-    if crc32c(data, CRC_START) != header.crc:
+    if google_crc32c.value(bytes(data[CRC_START:])) != header.crc:
         raise CorruptBatchError("record batch CRC32C mismatch")
     if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
         raise CorruptBatchError(
