@@ -9,7 +9,7 @@ import pytest
 from aiokafka.protocol import commit, coordination, fetch, group, metadata, offset, produce
 from aiokafka.protocol.api import RequestHeader_v1
 from aiokafka.protocol.transaction import InitProducerIdRequest_v0
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bookkeeper_aio.kafka import codec
@@ -132,6 +132,7 @@ def test_a_valid_batch_and_the_base_offset_rewrite():
     assert span(rewritten) == (1_000, 1_003)
 
 
+@settings(deadline=None)
 @given(st.integers(21, 80), st.integers(1, 255))
 def test_any_flipped_byte_the_crc_covers_is_refused(position, flip):
     data = bytearray(batch([b"payload-one", b"payload-two"]))
@@ -180,6 +181,7 @@ def test_sequences_duplicates_gaps_and_epochs():
     assert len(seq) == 2 and seq.check(header_for(1, 1, 77)) is None  # forgotten: accepted
 
 
+@settings(deadline=None)
 @given(st.lists(st.integers(1, 5), min_size=1, max_size=30), st.data())
 def test_sequences_accept_in_order_batches_and_flag_every_retry(counts, data):
     seq = ProducerSequences(10)
@@ -199,6 +201,7 @@ def test_sequences_accept_in_order_batches_and_flag_every_retry(counts, data):
 # --- the offset index --------------------------------------------------------------------
 
 
+@settings(deadline=None)
 @given(
     st.lists(st.integers(1, 20), min_size=1, max_size=200),  # records per batch
     st.lists(st.integers(1, 40), min_size=1, max_size=8),  # entries per segment
@@ -227,3 +230,40 @@ async def test_offset_index_finds_the_entry_holding_every_kafka_offset(counts, c
     for kafka_offset in range(sum(counts)):
         found = await index.locate(kafka_offset, segments_, read_base)
         assert bases[found] <= kafka_offset < bases[found] + counts[found]
+
+
+# --- the hand-written produce decoder and garbage -----------------------------------------
+
+names = st.text(alphabet="abcdefghij.-_", min_size=1, max_size=12)
+produce_bodies = st.tuples(
+    st.one_of(st.none(), names),
+    st.sampled_from([-1, 0, 1]),
+    st.integers(0, 2**31 - 1),
+    st.lists(
+        st.tuples(names, st.lists(st.tuples(st.integers(0, 99), st.one_of(st.none(), st.binary())),
+                                  max_size=3)),
+        max_size=3,
+    ),
+)  # fmt: skip
+
+
+@settings(deadline=None)
+@given(produce_bodies, st.integers(3, 7))
+def test_the_hand_written_produce_decoder_agrees_with_the_clients_encoder(body, version):
+    txn, acks, timeout, topics = body
+    cls = getattr(produce, f"ProduceRequest_v{version}")
+    decoded = decode(cls(txn, acks, timeout, topics))
+    assert decoded == m.ProduceRequest(txn, acks, timeout, tuple(
+        m.ProduceTopic(t, tuple(m.ProducePartition(i, r) for i, r in ps)) for t, ps in topics
+    ))  # fmt: skip
+
+
+@settings(deadline=None)
+@given(st.sampled_from(sorted(codec.SUPPORTED_VERSIONS)), st.integers(0, 11), st.binary())
+def test_garbage_bodies_are_decode_errors_and_nothing_else(key, version, body):
+    low, high = codec.SUPPORTED_VERSIONS[key]
+    header = m.RequestHeader(key, min(max(version, low), high), 1, None)
+    try:
+        codec.decode_request(header, body, 0)
+    except ProtocolDecodeError:
+        pass

@@ -190,6 +190,7 @@ subscriptions = st.dictionaries(
 partition_counts = st.fixed_dictionaries({t: st.integers(0, 12) for t in ("t1", "t2", "t3")})
 
 
+@settings(deadline=None)
 @given(subscriptions, partition_counts)
 def test_assignors_cover_every_partition_once(subs, counts):
     for assign in (range_assign, roundrobin_assign):
@@ -197,6 +198,7 @@ def test_assignors_cover_every_partition_once(subs, counts):
         assert check_assignment(subs, counts, result) == []
 
 
+@settings(deadline=None)
 @given(subscriptions, partition_counts)
 def test_range_gives_contiguous_runs_and_roundrobin_balances(subs, counts):
     for topics in range_assign(subs, counts).values():

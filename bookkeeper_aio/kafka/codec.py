@@ -7,10 +7,11 @@ api_version int16, correlation_id int32, client_id nullable string), then the bo
 is int32 size, the correlation id (response header v0) and the body. The gateway advertises
 only non-flexible versions, with one exception: ApiVersions v3, which librdkafka sends first.
 Its request uses header v2 (a tagged-field buffer after the client id) and a flexible body,
-its response keeps header v0 and a flexible body; both are written by hand here, as is the
-request header (aiokafka's header class cannot decode one).
+its response keeps header v0 and a flexible body; both are written by hand (``wire.py``), as
+are the request header (aiokafka's header class cannot decode one) and Produce requests (the
+hot path).
 
-Bodies are decoded with aiokafka 0.14's request classes (an internal API, pinned in
+The other bodies are decoded with aiokafka 0.14's request classes (an internal API, pinned in
 pyproject.toml) and mapped onto the version-independent dataclasses of ``messages.py``;
 responses are encoded from those dataclasses with aiokafka's response schemas, one tuple
 layout per version. Nothing outside this module imports aiokafka's protocol package, so a
@@ -43,8 +44,10 @@ from aiokafka.protocol.api import RequestStruct
 from aiokafka.protocol.types import Array, Bytes, Int16, Int32, Schema, String
 
 from . import messages as m
+from . import wire
 from .errors import ErrorCode, ProtocolDecodeError
 from .messages import ApiKey
+from .wire import parse_header
 
 # The versions advertised: what aiokafka 0.14 and librdkafka 2.0 need, none flexible except
 # ApiVersions v3 (see docs/kafka.md). JoinGroup stops at 2 (v4+ adds MEMBER_ID_REQUIRED).
@@ -63,9 +66,9 @@ SUPPORTED_VERSIONS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.API_VERSIONS: (0, 3),
     ApiKey.INIT_PRODUCER_ID: (0, 1),
 }
-API_VERSIONS_FLEXIBLE = 3
-_HEADER = struct.Struct(">hhih")
 _INT32 = struct.Struct(">i")
+__all__ = ["api_versions", "decode_request", "encode_response", "encode_unsupported",
+           "is_supported", "parse_header"]  # fmt: skip
 
 
 def is_supported(api_key: int, api_version: int) -> bool:
@@ -77,27 +80,6 @@ def is_supported(api_key: int, api_version: int) -> bool:
     return low <= api_version <= high
 
 
-def parse_header(frame: bytes) -> tuple[m.RequestHeader, int]:
-    """The request header of a frame (size prefix removed) and where the body starts.
-
-    Raises:
-        ProtocolDecodeError: the frame is too short for its header.
-    """
-    if len(frame) < _HEADER.size:
-        raise ProtocolDecodeError(f"request of {len(frame)} bytes has no complete header")
-    api_key, api_version, correlation_id, length = _HEADER.unpack_from(frame, 0)
-    pos = _HEADER.size
-    client_id = None
-    if length >= 0:
-        if pos + length > len(frame):
-            raise ProtocolDecodeError("client id runs past the end of the request")
-        client_id = frame[pos : pos + length].decode("utf-8", "replace")
-        pos += length
-    if api_key == ApiKey.API_VERSIONS and api_version == API_VERSIONS_FLEXIBLE:
-        pos = _skip_tagged_fields(frame, pos)  # request header v2 (later versions: error 35)
-    return m.RequestHeader(api_key, api_version, correlation_id, client_id), pos
-
-
 def decode_request(header: m.RequestHeader, frame: bytes, body_start: int) -> m.Request:
     """The request's body as a ``messages`` dataclass (the version must be supported).
 
@@ -106,7 +88,9 @@ def decode_request(header: m.RequestHeader, frame: bytes, body_start: int) -> m.
     """
     key = ApiKey(header.api_key)
     if key is ApiKey.API_VERSIONS:
-        return _decode_api_versions(header.api_version, frame, body_start)
+        return wire.decode_api_versions(header.api_version, frame, body_start)
+    if key is ApiKey.PRODUCE:  # the hot path: by hand, without copying the batches twice
+        return wire.decode_produce(frame, body_start)
     cls = _REQUEST_CLASSES[key][header.api_version]
     buf = BytesIO(frame)
     buf.seek(body_start)
@@ -128,7 +112,7 @@ def encode_response(header: m.RequestHeader, response: m.Response) -> bytes:
     key, version = ApiKey(header.api_key), header.api_version
     if key is ApiKey.API_VERSIONS:
         assert isinstance(response, m.ApiVersionsResponse)
-        body = _encode_api_versions(version, response)
+        body = wire.encode_api_versions(version, response)
     else:
         schema = _REQUEST_CLASSES[key][version].RESPONSE_TYPE.SCHEMA
         body = schema.encode(_ENCODERS[key](version, response))
@@ -139,7 +123,7 @@ def encode_unsupported(correlation_id: int) -> bytes:
     """The answer to an unknown API key or version: an ApiVersions v0 body with error 35
     (UNSUPPORTED_VERSION) and the supported ranges, as Kafka answers ApiVersions."""
     return _frame(
-        correlation_id, _encode_api_versions(0, api_versions(ErrorCode.UNSUPPORTED_VERSION))
+        correlation_id, wire.encode_api_versions(0, api_versions(ErrorCode.UNSUPPORTED_VERSION))
     )
 
 
@@ -165,87 +149,7 @@ def _frame(correlation_id: int, body: bytes) -> bytes:
     return _INT32.pack(len(body) + 4) + _INT32.pack(correlation_id) + body
 
 
-# --- ApiVersions, by hand (v3 is flexible) ------------------------------------------------
-
-
-def _decode_api_versions(version: int, frame: bytes, pos: int) -> m.ApiVersionsRequest:
-    if version < API_VERSIONS_FLEXIBLE:
-        if pos != len(frame):
-            raise ProtocolDecodeError(
-                f"API_VERSIONS v{version}: {len(frame) - pos} bytes left over"
-            )
-        return m.ApiVersionsRequest()
-    name, pos = _compact_string(frame, pos)
-    software_version, pos = _compact_string(frame, pos)
-    if _skip_tagged_fields(frame, pos) != len(frame):
-        raise ProtocolDecodeError("API_VERSIONS v3: bytes left over")
-    return m.ApiVersionsRequest(name, software_version)
-
-
-def _encode_api_versions(version: int, r: m.ApiVersionsResponse) -> bytes:
-    if version < API_VERSIONS_FLEXIBLE:
-        keys = Array(Schema(("k", Int16), ("min", Int16), ("max", Int16))).encode(r.api_keys)
-        throttle = Int32.encode(0) if version >= 1 else b""
-        return Int16.encode(r.error_code) + keys + throttle
-    parts = [Int16.encode(r.error_code), _uvarint(len(r.api_keys) + 1)]
-    parts += [struct.pack(">hhhB", k, low, high, 0) for k, low, high in r.api_keys]
-    parts += [Int32.encode(0), b"\x00"]  # throttle_time_ms, no tagged fields
-    return b"".join(parts)
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _read_uvarint(frame: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(frame) or shift > 28:
-            raise ProtocolDecodeError("malformed unsigned varint")
-        byte = frame[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _compact_string(frame: bytes, pos: int) -> tuple[str, int]:
-    length, pos = _read_uvarint(frame, pos)
-    if length == 0:
-        return "", pos
-    end = pos + length - 1
-    if end > len(frame):
-        raise ProtocolDecodeError("compact string runs past the end of the request")
-    return frame[pos:end].decode("utf-8", "replace"), end
-
-
-def _skip_tagged_fields(frame: bytes, pos: int) -> int:
-    count, pos = _read_uvarint(frame, pos)
-    for _ in range(count):
-        _, pos = _read_uvarint(frame, pos)
-        size, pos = _read_uvarint(frame, pos)
-        pos += size
-        if pos > len(frame):
-            raise ProtocolDecodeError("tagged field runs past the end of the request")
-    return pos
-
-
 # --- request decoders (decoded structs as dicts -> messages) --------------------------
-
-
-def _produce(v: int, b: dict[str, Any]) -> m.ProduceRequest:
-    topics = tuple(
-        m.ProduceTopic(t["topic"], tuple(m.ProducePartition(p["partition"], p["messages"])
-                                         for p in t["partitions"]))
-        for t in b["topics"]
-    )  # fmt: skip
-    return m.ProduceRequest(b["transactional_id"], b["required_acks"], b["timeout"], topics)
 
 
 def _fetch(v: int, b: dict[str, Any]) -> m.FetchRequest:
@@ -310,7 +214,6 @@ def _sync_group(v: int, b: dict[str, Any]) -> m.SyncGroupRequest:
 
 
 _DECODERS: dict[ApiKey, Callable[[int, dict[str, Any]], m.Request]] = {
-    ApiKey.PRODUCE: _produce,
     ApiKey.FETCH: _fetch,
     ApiKey.LIST_OFFSETS: _list_offsets,
     ApiKey.METADATA: _metadata,
