@@ -251,3 +251,18 @@ async def test_produce_versions_report_offsets(version):
         for i in range(3):
             answer = await c.call(produce("t", 0, batch([b"x", b"y"]), version=version), i)
             assert produce_answer(answer) == (0, 2 * i)
+
+
+async def test_a_new_owner_knows_the_idempotent_producers_from_the_log():
+    """A retry that reaches the partition's next owner is still recognized as a duplicate:
+    the owner read the producers' last sequences back from the log's last batches."""
+    async with two_gateways() as (a, b, _), RawClient.connect(a.port) as ca:
+        await a.topics.create("t", 1, 1, 1, 1)
+        first = batch([b"a", b"b"], producer_id=9, epoch=0, sequence=0)
+        assert produce_answer(await ca.call(produce("t", 0, first), 1)) == (0, 0)
+        await a.membership.unregister()  # a goes away; b takes the partition over
+        async with RawClient.connect(b.port) as cb:
+            assert produce_answer(await cb.call(produce("t", 0, first), 2)) == (0, 0)
+            nxt = batch([b"c"], producer_id=9, epoch=0, sequence=2)
+            assert produce_answer(await cb.call(produce("t", 0, nxt), 3)) == (0, 2)
+            assert fetched_values(await cb.call(fetch("t", 0, 0), 4)) == [b"a", b"b", b"c"]

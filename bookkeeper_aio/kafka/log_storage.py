@@ -36,7 +36,7 @@ from ..errors import LogFencedError, NoSuchLogError
 from .errors import NotLeaderError, UnknownTopicError
 from .offset_index import OffsetIndex
 from .ownership import key_segment
-from .records import span
+from .records import HEADER_BYTES, span
 
 if TYPE_CHECKING:
     from ..client.bookkeeper import BookKeeper
@@ -121,6 +121,7 @@ class LogPartition:
         self._acked_log_end = 0  # log offset after the last acknowledged entry
         self._taken_over_at = 0  # the log's next offset when this writer took over
         self._old_segments: list[tuple[int, int]] = []
+        self._log_start = 0  # the first log offset kept
         self._changed = asyncio.Event()
         self._tail: OrderedDict[int, bytes] = OrderedDict()  # log offset -> entry
         self._tail_bytes = 0
@@ -137,6 +138,7 @@ class LogPartition:
             for s in info.segments
             if s.first_offset <= min(s.last_offset, self._taken_over_at - 1)
         ]
+        self._log_start = info.start_offset
         if info.start_offset < self._acked_log_end:
             self._start = await self._read_base(info.start_offset)
             [last] = await self.bk.read_log(
@@ -221,12 +223,15 @@ class LogPartition:
         while self._hw <= offset:
             await self._changed.wait()
 
-    async def recent_batches(self, count_max: int) -> list[bytes]:
-        first = max(0, self._acked_log_end - count_max)
-        if first >= self._acked_log_end:
-            return []
-        records = await self.bk.read_log(self.name, first, self._acked_log_end - 1)
-        return [r.payload for r in records]
+    async def recent_headers(self, count_max: int) -> list[bytes]:
+        first = max(self._log_start, self._acked_log_end - count_max)
+        headers: list[bytes] = []
+        while first < self._acked_log_end:  # in chunks: memory is bounded whatever the sizes
+            last = min(self._acked_log_end, first + READ_CHUNK_ENTRIES) - 1
+            records = await self.bk.read_log(self.name, first, last)
+            headers += [r.payload[:HEADER_BYTES] for r in records]
+            first += len(records)
+        return headers
 
     async def close(self) -> None:
         try:

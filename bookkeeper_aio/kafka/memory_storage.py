@@ -13,7 +13,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from .errors import NotLeaderError, UnknownTopicError
-from .records import span
+from .records import HEADER_BYTES, span
 
 
 @dataclass
@@ -115,8 +115,8 @@ class MemoryPartitionLog:
         while self._state.acked_end <= offset:
             await self._state.changed.wait()
 
-    async def recent_batches(self, count_max: int) -> list[bytes]:
-        return self._state.entries[-count_max:]
+    async def recent_headers(self, count_max: int) -> list[bytes]:
+        return [entry[:HEADER_BYTES] for entry in self._state.entries[-count_max:]]
 
     async def close(self) -> None:
         return None

@@ -78,8 +78,9 @@ class PartitionLog(Protocol):
         """Return once the high watermark is above ``offset`` (the caller bounds the wait)."""
         ...
 
-    async def recent_batches(self, count_max: int) -> list[bytes]:
-        """Up to ``count_max`` of the last entries, oldest first (producer state rebuild)."""
+    async def recent_headers(self, count_max: int) -> list[bytes]:
+        """The 61-byte batch headers of up to ``count_max`` of the last entries, oldest first
+        (the idempotent producers' state is rebuilt from them)."""
         ...
 
     async def close(self) -> None:
@@ -146,7 +147,7 @@ class OwnedPartition:
     async def rebuild_producers(self, batches_max: int) -> None:
         """Learn the idempotent producers' last sequences from the log's last batches, so a
         retry of a batch the previous owner wrote is recognized as a duplicate."""
-        for entry in await self.log.recent_batches(batches_max):
+        for entry in await self.log.recent_headers(batches_max):
             header = parse_header(entry)
             self.sequences.record(header, header.base_offset)
 
