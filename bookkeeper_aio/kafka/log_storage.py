@@ -88,7 +88,7 @@ class LogPartitionStorage:
         name = log_name(topic, partition)
         writer = self.bk.open_log_writer(name)
         try:
-            await writer.__aenter__()
+            await writer.open()  # the takeover: epoch bump, recovery of the open ledger
         except NoSuchLogError as exc:
             raise UnknownTopicError(f"no log {name}") from exc
         try:
