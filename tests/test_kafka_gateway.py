@@ -11,6 +11,7 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.protocol.admin import ApiVersionRequest_v0, ApiVersionRequest_v2
+from aiokafka.protocol.coordination import FindCoordinatorRequest_v0
 from aiokafka.protocol.metadata import MetadataRequest_v1, MetadataRequest_v4
 from aiokafka.protocol.produce import ProduceRequest_v2
 
@@ -266,3 +267,11 @@ async def test_a_new_owner_knows_the_idempotent_producers_from_the_log():
             nxt = batch([b"c"], producer_id=9, epoch=0, sequence=2)
             assert produce_answer(await cb.call(produce("t", 0, nxt), 3)) == (0, 2)
             assert fetched_values(await cb.call(fetch("t", 0, 0), 4)) == [b"a", b"b", b"c"]
+
+
+async def test_group_ids_too_long_for_a_cursor_are_refused():
+    async with memory_gateway() as gw, RawClient.connect(gw.port) as c:
+        answer = await c.call(FindCoordinatorRequest_v0("g" * 300), 1)
+        assert answer.error_code == 24  # INVALID_GROUP_ID
+        answer = await c.call(FindCoordinatorRequest_v0("billing team/eu"), 2)  # any characters
+        assert answer.error_code == 0 and answer.coordinator_id == gw.membership.node_id

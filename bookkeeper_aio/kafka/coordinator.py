@@ -39,7 +39,23 @@ log = logging.getLogger(__name__)
 
 COORDINATORS = "kafka/coordinators/"
 GROUPS = "kafka/groups/"
-PARKED_MARGIN_S = 5.0  # beyond the longest deadline a group can set
+PARKED_MARGIN_S = 5.0
+GROUP_ID_BYTES_MAX = 255  # a log cursor's name  # beyond the longest deadline a group can set
+
+
+def check_group_id(group_id: str) -> None:
+    """A group id is 1 or more characters whose percent-encoded form (the log cursor's and
+    the keys' name for it) fits in 255 bytes.
+
+    Raises:
+        KafkaError: INVALID_GROUP_ID.
+    """
+    if not group_id or len(key_segment(group_id).encode()) > GROUP_ID_BYTES_MAX:
+        raise KafkaError(
+            f"group id of {len(group_id)} characters: 1 to {GROUP_ID_BYTES_MAX} bytes once "
+            "percent-encoded",
+            ErrorCode.INVALID_GROUP_ID,
+        )
 
 
 class Coordinator:
@@ -72,6 +88,7 @@ class Coordinator:
 
     async def find(self, group_id: str) -> GatewayInfo:
         """The group's coordinator: this gateway if it holds (or now took) the claim."""
+        check_group_id(group_id)
         owner = await self.membership.claim(COORDINATORS + key_segment(group_id))
         return self.membership.me if owner is None else owner
 
@@ -182,8 +199,7 @@ class Coordinator:
     # --- helpers --------------------------------------------------------------------------
 
     async def _group(self, group_id: str) -> Group:
-        if not group_id:
-            raise KafkaError("empty group id", ErrorCode.INVALID_GROUP_ID)
+        check_group_id(group_id)
         group = self.groups.get(group_id)
         if group is not None:
             return group
