@@ -13,7 +13,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint format run bench sim chaos clean
+.PHONY: setup test lint format run bench sim chaos clean kcat
 SEEDS    ?= 0-999
 DURATION ?= 600
 
@@ -26,8 +26,23 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-test: setup
+test: setup kcat
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# kcat (librdkafka's command-line client) for the Kafka gateway's tests: Debian's package,
+# installed only by root without a terminal (CI); otherwise its tests are skipped, visibly.
+kcat:
+	@if command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && { [ -n "$$CI" ] || [ ! -t 0 ]; } && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing kcat (Debian package) for the Kafka gateway tests"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q kcat >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q kcat >/dev/null 2>&1; } \
+		|| apt-get install -y -q kafkacat >/dev/null 2>&1 \
+		|| echo "NOTICE: kcat could not be installed: the kcat tests will be skipped"; \
+	else \
+		echo "NOTICE: kcat is not installed (as root: apt-get install kcat): the kcat tests will be skipped"; \
+	fi
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -5,7 +5,8 @@ benchmarks against etcd + bookie processes started here, or --metadata URI), boo
 bookie, no client), journal (one bookie with and without the journal), overload (client and
 bookie memory when writers push faster than the bookies sync), floor (one add through minimal
 servers with the same I/O and network: this machine's floor), log (log appends with
-rollovers against plain ledger writes), all.
+rollovers against plain ledger writes), kafka (aiokafka's producer through the Kafka gateway
+against direct log appends), all.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import uvloop
 
-from . import bookie, floor, journal, logs, overload, reads, recovery, suite, tail, writes
+from . import bookie, floor, journal, kafka, logs, overload, reads, recovery, suite, tail, writes
 from .cluster import ClusterStartError
 
 MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]] = {
@@ -32,6 +33,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
     "floor": (floor, floor.run_floor, "one add through minimal servers: the machine's floor"),
     "overload": (overload, overload.run_overload, "writers faster than the bookies: RSS"),
     "log": (logs, logs.run_log, "log appends with rollovers vs plain ledger writes"),
+    "kafka": (kafka, kafka.run_kafka, "aiokafka through the Kafka gateway vs direct log appends"),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
 }
 

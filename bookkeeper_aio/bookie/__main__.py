@@ -16,7 +16,7 @@ from typing import Any
 
 import uvloop
 
-from ..config import BookieConfig
+from ..config import BookieConfig, set_options
 from ..errors import ConfigError, MetadataUnavailableError
 from .cookie import CookieError
 from .server import Bookie
@@ -62,26 +62,13 @@ def build_config(args: argparse.Namespace) -> BookieConfig:
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value == "true"
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = _toml_value(key.strip(), value)
+    overrides.update(set_options(args.set))
     if args.config:
         config = BookieConfig.from_file(args.config, overrides)
     else:
         config = BookieConfig.from_mapping(overrides, source="command line")
     config.validate()
     return config
-
-
-def _toml_value(key: str, text: str) -> Any:
-    import tomllib
-
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text  # a bare string
 
 
 async def run(config: BookieConfig) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import BookKeeperError, ConfigError
+from ..kafka.errors import KafkaError
 from . import cluster, logs
 from .sanity import bookie_sanity
 
@@ -52,7 +53,25 @@ def build_parser() -> argparse.ArgumentParser:
     sanity.add_argument("--entry-size", type=int, default=1024, metavar="BYTES")
     sanity.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
     sanity.set_defaults(run=_run_sanity)
+    _kafka_commands(commands)
     return parser
+
+
+def _kafka_commands(commands: Any) -> None:
+    """The Kafka gateway's topics and groups (docs/kafka.md)."""
+    create = commands.add_parser("create-topic", help="a Kafka topic: one log per partition")
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("--partitions", type=int, required=True, metavar="N")
+    create.add_argument("--ensemble", type=int, default=3, metavar="E")
+    create.add_argument("--write-quorum", type=int, default=3, metavar="W")
+    create.add_argument("--ack-quorum", type=int, default=2, metavar="A")
+    create.set_defaults(run=_metadata_command)
+    commands.add_parser("list-topics", help="Kafka topics").set_defaults(run=_metadata_command)
+    delete = commands.add_parser("delete-topic", help="a Kafka topic, its logs and offsets")
+    delete.add_argument("name", metavar="NAME")
+    delete.set_defaults(run=_metadata_command)
+    groups = commands.add_parser("list-groups", help="Kafka consumer groups")
+    groups.set_defaults(run=_metadata_command)
 
 
 def _run_sanity(args: argparse.Namespace) -> Awaitable[str]:
@@ -74,7 +93,24 @@ async def _metadata_command(args: argparse.Namespace) -> str:
         return await logs.log_info(args.metadata, args.name)
     if args.command == "cookie-fix":
         return await cluster.cookie_fix(args.metadata, args.bookie)
+    if args.command in ("create-topic", "list-topics", "delete-topic", "list-groups"):
+        return await _kafka_command(args)
     return await cluster.ledger_metadata(args.metadata, args.ledger_id)
+
+
+async def _kafka_command(args: argparse.Namespace) -> str:
+    from ..kafka import admin
+
+    if args.command == "create-topic":
+        return await admin.create_topic(
+            args.metadata, args.name, args.partitions, args.ensemble, args.write_quorum,
+            args.ack_quorum,
+        )  # fmt: skip
+    if args.command == "list-topics":
+        return await admin.list_topics(args.metadata)
+    if args.command == "delete-topic":
+        return await admin.delete_topic(args.metadata, args.name)
+    return await admin.list_groups(args.metadata)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], Awaitable[Any]] = args.run
     try:
         result = asyncio.run(run(args))
-    except (BookKeeperError, OSError) as exc:
+    except (BookKeeperError, KafkaError, OSError) as exc:
         print(f"{args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if result:
