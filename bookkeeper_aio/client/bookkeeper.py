@@ -110,6 +110,8 @@ class BookKeeper:
 
         versioned = await self.ctx.metadata.create_ledger(make)
         writer = LedgerWriter(self.ctx, versioned, master_key(password))
+        # Closed handles are dropped: a long-lived client (a Spark worker's) creates many.
+        self._writers = [w for w in self._writers if not w._closed]
         self._writers.append(writer)
         return writer
 
