@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..client.bookkeeper import BookKeeper
 from ..config import SparkConfig
-from ..errors import NoSuchLogError, SparkJobError
+from ..errors import IncorrectParameterError, NoSuchLogError, SparkJobError
 from .attempt import delete_ledger, wall_clock_ms
 from .commit import JobSummary, abort_job
 from .model import TAG_JOB, TAG_LOG, orphan_ledger
@@ -96,10 +96,11 @@ async def _orphan_ledgers(
 
 
 async def _log_ledgers(bk: BookKeeper, log: str) -> set[int]:
-    """The ledgers a log lists (segments and trash); none if there is no such log."""
+    """The ledgers a log lists (segments and trash); none if there is no such log (or the
+    tag names none)."""
     try:
         md = (await bk.log_info(log)).metadata
-    except NoSuchLogError:
+    except (NoSuchLogError, IncorrectParameterError):
         return set()
     return {*md.ledger_ids, *md.trash}
 

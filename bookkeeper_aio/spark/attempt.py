@@ -86,7 +86,8 @@ class AttemptWriter:
         Raises:
             SparkJobError: the job is not OPEN (committed, aborted, cleaned up, unknown).
         """
-        self._versioned = await create_record(self.store, self.key, self._record)
+        stored = await create_record(self.store, self.key, self._record)
+        self._versioned = Versioned(self._record, stored.version)
         job = await read_job(self.store, self.job_id)
         if job is None or job.value.state is not JobState.OPEN:
             state = "gone" if job is None else job.value.state.value
@@ -145,7 +146,10 @@ class AttemptWriter:
             BookKeeperError: an add or the close failed.
         """
         if self._ledger is not None:
-            await self._ledger.close()
+            try:
+                await self._ledger.close()
+            except NoSuchLedgerError as exc:  # the commit or abort deleted it
+                raise SparkJobError(f"attempt {self.key} was aborted (its ledger is gone)") from exc
             if self._error is not None:
                 raise self._error
             written = self._ledger.metadata.last_entry_id + 1

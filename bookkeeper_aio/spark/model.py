@@ -330,7 +330,8 @@ def plan_commit(
         if len(set(slots)) != len(slots):
             raise SparkJobError(f"two winning attempts copy one partition: {picked}")
     if partitions is not None:
-        _check_partitions([attempts[key] for key in picked], partitions)
+        stages = {record.stage for record in attempts.values()}
+        _check_partitions([attempts[key] for key in picked], stages, partitions)
     chosen_set = set(picked)
     losers = tuple(key for key in sorted(attempts) if key not in chosen_set)
     return CommitPlan(
@@ -343,8 +344,9 @@ def plan_commit(
     )
 
 
-def _check_partitions(records: Sequence[AttemptRecord], partitions: int) -> None:
-    by_stage: dict[int, set[int]] = {}
+def _check_partitions(records: Sequence[AttemptRecord], stages: set[int], partitions: int) -> None:
+    """Every stage any attempt ran in has a winner for each of ``partitions``."""
+    by_stage: dict[int, set[int]] = {stage: set() for stage in stages}
     for record in records:
         by_stage.setdefault(record.stage, set()).add(record.partition)
     complete = all(found == set(range(partitions)) for found in by_stage.values())
