@@ -56,22 +56,24 @@ def attempt_sets(draw: st.DrawFn) -> dict[str, AttemptRecord]:
     return found
 
 
-@given(attempt_sets(), st.randoms())
-def test_a_commit_takes_one_done_attempt_per_partition_and_deletes_everything_else(attempts, rng):
+def done_per_slot(attempts: dict[str, AttemptRecord]) -> dict[tuple[int, int], list[str]]:
+    found: dict[tuple[int, int], list[str]] = {}
+    for key, record in sorted(attempts.items()):
+        if record.state is AttemptState.DONE:
+            found.setdefault(record.slot, []).append(key)
+    return found
+
+
+@given(attempt_sets(), st.randoms(), st.data())
+def test_a_commit_appends_the_accepted_attempts_and_deletes_everything_else(attempts, rng, data):
+    named = [data.draw(st.sampled_from(keys)) for keys in done_per_slot(attempts).values()]
     shuffled = list(attempts.items())
     rng.shuffle(shuffled)
-    plan = plan_commit(dict(shuffled))
-    assert plan == plan_commit(attempts)  # the listing's order does not matter
+    plan = plan_commit(dict(shuffled), list(reversed(named)))
+    assert plan == plan_commit(attempts, named)  # the listing's order does not matter
     slots = [attempts[k].slot for k in plan.winners]
     assert slots == sorted(set(slots))  # one per partition, in stage and partition order
-    done_slots = {r.slot for r in attempts.values() if r.state is AttemptState.DONE}
-    assert set(slots) == done_slots
-    for key in plan.winners:
-        assert attempts[key].state is AttemptState.DONE
-        same = [r for r in attempts.values() if r.slot == attempts[key].slot]
-        assert attempts[key].task_attempt == min(
-            r.task_attempt for r in same if r.state is AttemptState.DONE
-        )
+    assert set(plan.winners) == set(named)
     assert plan.append == tuple(i for k in plan.winners for i in attempts[k].ledgers)
     deleted = [i for k in plan.losers for i in attempts[k].ledgers]
     every = [i for r in attempts.values() for i in r.ledgers]
@@ -90,30 +92,29 @@ def test_a_commit_refuses_a_job_with_a_partition_missing(attempts):
         for s in stages
     }  # every stage an attempt ran in must be whole
     whole = all(found == set(range(partitions)) for found in per_stage.values())
+    named = [keys[0] for keys in done_per_slot(attempts).values()]
     if whole:
-        assert len(plan_commit(attempts, partitions=partitions).winners) == partitions * len(stages)
+        plan = plan_commit(attempts, named, partitions=partitions)
+        assert len(plan.winners) == partitions * len(stages)
     else:
         with pytest.raises(SparkJobError, match="finished attempts cover only"):
-            plan_commit(attempts, partitions=partitions)
+            plan_commit(attempts, named, partitions=partitions)
 
 
 @given(attempt_sets(), st.data())
-def test_a_commit_takes_the_winners_spark_names(attempts, data):
-    done = [k for k, r in attempts.items() if r.state is AttemptState.DONE]
-    by_slot: dict = {}
-    for key in done:
-        by_slot.setdefault(attempts[key].slot, []).append(key)
+def test_a_commit_refuses_winners_that_are_not_one_finished_attempt_per_partition(attempts, data):
+    by_slot = done_per_slot(attempts)
     named = [data.draw(st.sampled_from(keys)) for keys in by_slot.values()]
-    plan = plan_commit(attempts, winners=named)
-    assert set(plan.winners) == set(named)
     not_done = [k for k, r in attempts.items() if r.state is not AttemptState.DONE]
     if not_done:
         with pytest.raises(SparkJobError, match="not DONE"):
-            plan_commit(attempts, winners=[*named, not_done[0]])
+            plan_commit(attempts, [*named, not_done[0]])
+    with pytest.raises(SparkJobError, match="missing"):
+        plan_commit(attempts, [*named, attempt_key(JOB, 9, 9, 99_999)])
     twins = [keys for keys in by_slot.values() if len(keys) > 1]
     if twins:
         with pytest.raises(SparkJobError, match="copy one partition"):
-            plan_commit(attempts, winners=twins[0][:2])
+            plan_commit(attempts, twins[0][:2])
 
 
 @given(attempt_sets())
@@ -179,7 +180,8 @@ def test_every_move_outside_the_tables_is_refused():
     for old in AttemptState:
         for new, move in moves.items():
             record = dataclasses.replace(attempt, state=old)
-            if (old, new) in ATTEMPT_TRANSITIONS or old is new in moves and new.value != "DONE":
+            again = old is new and new is not AttemptState.DONE  # another ledger; a tombstone
+            if (old, new) in ATTEMPT_TRANSITIONS or again:
                 assert move(record).state is new
             else:
                 with pytest.raises(SparkJobError):

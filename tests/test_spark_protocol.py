@@ -119,13 +119,15 @@ def test_one_attempt_per_partition_lands_and_every_other_ledger_goes(cluster):
         p3 = await attempt(bk, job.job_id, 3, 8, [])  # an empty partition: no ledger
         await p3.finish()
 
-        summary = await commit_job(bk, job.job_id, CONFIG)
+        accepted = [p0.key, retry.key, spec_b.key, p3.key]  # what Spark says succeeded
+        summary = await commit_job(bk, job.job_id, CONFIG, winners=accepted)
 
         expected = rows(0, 30) + rows(1, 25) + rows(2, 40)
         assert await log_records(bk, "orders") == expected
         assert (summary.state, summary.rows, summary.partitions) == ("committed", 95, 4)
         assert (summary.first_offset, summary.next_offset) == (0, 95)
-        assert summary.ledgers == 3 and summary.ledgers_deleted == 2  # spec_a's, the lost one
+        # spec_a finished too (a killed copy may), but Spark did not accept it; and the lost one.
+        assert summary.ledgers == 3 and summary.ledgers_deleted == 2
         assert await ledgers_outside_logs(bk, "orders") == set()
         assert await spark_keys(bk) == []
 
@@ -140,7 +142,7 @@ def test_an_attempt_too_late_or_tombstoned_removes_what_it_wrote(cluster):
         done = await attempt(bk, job.job_id, 0, 1, rows(0, 5))
         await done.finish()
         slow = await attempt(bk, job.job_id, 0, 2, rows(0, 5, "slow"))  # still writing
-        await commit_job(bk, job.job_id, CONFIG)
+        await commit_job(bk, job.job_id, CONFIG, winners=[done.key])
         with pytest.raises(SparkJobError):
             await slow.finish()  # tombstoned by the commit: cannot become DONE
         await slow.fail()
@@ -167,10 +169,17 @@ def test_an_abort_or_an_incomplete_job_leaves_nothing(cluster):
         with pytest.raises(SparkJobError):
             await writing.finish()
         incomplete = await open_job(bk, "orders", partitions=3)
+        keys = []
         for p in (0, 2):
-            await (await attempt(bk, incomplete.job_id, p, 10 + p, rows(p, 20))).finish()
+            w = await attempt(bk, incomplete.job_id, p, 10 + p, rows(p, 20))
+            await w.finish()
+            keys.append(w.key)
         with pytest.raises(SparkJobError, match="cover only"):
-            await commit_job(bk, incomplete.job_id, CONFIG)
+            await commit_job(bk, incomplete.job_id, CONFIG, winners=keys)
+        stray = await open_job(bk, "orders")  # Spark accepted an attempt that never finished
+        w = await attempt(bk, stray.job_id, 0, 1, rows(0, 3))
+        with pytest.raises(SparkJobError, match="WRITING, not DONE"):
+            await commit_job(bk, stray.job_id, CONFIG, winners=[w.key])
         assert await log_records(bk, "orders") == []
         assert await ledgers_outside_logs(bk, "orders") == set()
         assert await spark_keys(bk) == []
@@ -185,12 +194,15 @@ def test_two_jobs_committing_at_once_both_land_and_a_live_writer_is_fenced(clust
         async with bk.open_log_writer("orders") as lw:
             acked = [await lw.append(f"app-{i}".encode()) for i in range(10)]
             jobs = [await open_job(c, "orders") for c in (bk, other)]
+            keys: list[list[str]] = [[], []]
             for n, (client, job) in enumerate(zip((bk, other), jobs, strict=True)):
                 for p in range(2):
                     w = await attempt(client, job.job_id, p, p + 1, rows(p, 50, f"job{n}"))
                     await w.finish()
+                    keys[n].append(w.key)
             summaries = await asyncio.gather(
-                commit_job(bk, jobs[0].job_id, CONFIG), commit_job(other, jobs[1].job_id, CONFIG)
+                commit_job(bk, jobs[0].job_id, CONFIG, winners=keys[0]),
+                commit_job(other, jobs[1].job_id, CONFIG, winners=keys[1]),
             )
             with pytest.raises(LogFencedError):
                 await lw.append(b"after the commits")
@@ -211,19 +223,19 @@ def test_a_stream_batch_lands_once_even_when_two_runs_commit_it(cluster):
         bk = world.client("driver")
         await bk.create_log("orders")
 
-        async def run_batch(batch: int, tag: str) -> str:
+        async def run_batch(batch: int, tag: str) -> tuple[str, list[str]]:
             job = await open_job(bk, "orders", query="q-1", batch=batch)
-            await (await attempt(bk, job.job_id, 0, 1, rows(batch, 10, tag))).finish()
-            return job.job_id
+            w = await attempt(bk, job.job_id, 0, 1, rows(batch, 10, tag))
+            await w.finish()
+            return job.job_id, [w.key]
 
-        first = await run_batch(0, "a")
-        await commit_job(bk, first, CONFIG)
-        replay = await run_batch(0, "replay")  # a replay after the commit: skipped
-        assert (await commit_job(bk, replay, CONFIG)).state == "skipped"
+        async def commit(job: tuple[str, list[str]]) -> str:
+            return (await commit_job(bk, job[0], CONFIG, winners=job[1])).state
+
+        assert await commit(await run_batch(0, "a")) == "committed"
+        assert await commit(await run_batch(0, "replay")) == "skipped"  # replayed: skipped
         racers = [await run_batch(1, "x"), await run_batch(1, "y")]  # two runs of batch 1
-        states = sorted(
-            s.state for s in await asyncio.gather(*(commit_job(bk, j, CONFIG) for j in racers))
-        )
+        states = sorted(await asyncio.gather(*(commit(j) for j in racers)))
         assert states == ["committed", "skipped"]
         records = await log_records(bk, "orders")
         assert records[:10] == rows(0, 10, "a")
@@ -250,11 +262,12 @@ def test_a_stale_batch_check_is_caught_by_the_compare_and_swap(cluster, monkeypa
         jobs = []
         for tag in ("x", "y"):
             job = await open_job(bk, "orders", query="q-2", batch=4)
-            await (await attempt(bk, job.job_id, 0, 1, rows(4, 10, tag))).finish()
-            jobs.append(job.job_id)
+            w = await attempt(bk, job.job_id, 0, 1, rows(4, 10, tag))
+            await w.finish()
+            jobs.append((job.job_id, [w.key]))
         await bk.append_ledgers_to_log("orders", [], properties={"spark-batch/q-2": "3"})
         monkeypatch.setattr(commit, "read_batch", stale)
-        states = [(await commit_job(bk, job_id, CONFIG)).state for job_id in jobs]
+        states = [(await commit_job(bk, j, CONFIG, winners=k)).state for j, k in jobs]
         assert states == ["committed", "skipped"]
         assert await log_records(bk, "orders") == rows(4, 10, "x")
         assert await ledgers_outside_logs(bk, "orders") == set()

@@ -6,7 +6,8 @@ Theory of operation
 ledgers and records the job OPEN. :func:`commit_job`:
 
 1. seals the job (OPEN -> SEALED): an attempt recorded from now on finds it closed;
-2. lists the attempts and chooses one DONE attempt per partition (``model.plan_commit``);
+2. lists the attempts and takes the ones Spark accepted, one per partition
+   (``model.plan_commit``);
 3. records the chosen ledgers (SEALED -> COMMITTING), so that whoever finds the job later
    can tell whether the append landed (``model.committed_by_membership``);
 4. tombstones every other attempt and deletes its ledgers (``sweep``);
@@ -151,11 +152,11 @@ async def commit_job(
     job_id: str,
     config: SparkConfig,
     *,
-    winners: Sequence[str] | None = None,
+    winners: Sequence[str],
 ) -> JobSummary:
-    """Commit the job (module docstring). ``winners``: the attempts Spark says won, when it
-    says (the data source); else one DONE attempt per partition is chosen. A stream batch
-    already committed (its job's query and batch id) is aborted and reported skipped.
+    """Commit the job (module docstring) with ``winners``, the attempts Spark accepted (one
+    per partition). A stream batch already committed (its job's query and batch id) is
+    aborted and reported skipped.
 
     Raises:
         SparkJobError: unknown job, not OPEN, or incomplete (then it is aborted); or the

@@ -9,16 +9,16 @@ A Spark job writing to a log (docs/spark.md) keeps two kinds of keys::
 
 A task attempt creates its attempt record (CREATING) before it creates a ledger, records the
 ledger (WRITING) before writing to it, and marks the record DONE once the ledger is closed. The
-driver's commit seals the job (OPEN -> SEALED: no attempt may join), lists the attempts,
-chooses one DONE attempt per partition (:func:`plan_commit`), records the ledgers it will
-append (COMMITTING), tombstones every other attempt (ABORTED) and deletes its ledgers, appends
-the winners' ledgers to the log in one compare-and-swap, then deletes the records. Abort
-tombstones every attempt and deletes every ledger. Records change only by compare-and-swap, so
-a task and a committer racing over one attempt are ordered: either the task recorded its ledger
-first (the committer deletes it), or the tombstone came first (the task's next compare-and-swap
-fails and it deletes the ledger itself). An attempt found CREATING may have created a ledger it
-never recorded (its task died in between): the sweep then looks for the job's tag on ledgers
-(``tag_scan``).
+driver's commit seals the job (OPEN -> SEALED: no attempt may join), lists the attempts, takes
+the attempts Spark accepted, one per partition (:func:`plan_commit`), records the ledgers it
+will append (COMMITTING), tombstones every other attempt (ABORTED) and deletes its ledgers,
+appends the winners' ledgers to the log in one compare-and-swap, then deletes the records.
+Abort tombstones every attempt and deletes every ledger. Records change only by compare-and-
+swap, so a task and a committer racing over one attempt are ordered: either the task recorded
+its ledger first (the committer deletes it), or the tombstone came first (the task's next
+compare-and-swap fails and it deletes the ledger itself). An attempt found CREATING may have
+created a ledger it never recorded (its task died in between): the sweep then looks for the
+job's tag on ledgers (``tag_scan``).
 """
 
 from __future__ import annotations
@@ -302,38 +302,31 @@ class CommitPlan:
 
 def plan_commit(
     attempts: Mapping[str, AttemptRecord],
-    winners: Sequence[str] | None = None,
+    winners: Sequence[str],
     partitions: int | None = None,
 ) -> CommitPlan:
-    """Choose one DONE attempt per (stage, partition): the ``winners`` Spark named (the data
-    source's commit messages), else the lowest task attempt id. Log order is key order:
-    stage, then partition.
+    """The commit of the ``winners``: the attempts Spark accepted (the data source's commit
+    messages; the adapter's accumulator), one per (stage, partition). Log order is key
+    order: stage, then partition. Every other attempt is a loser — also one that finished
+    (DONE) in a task that failed after it, or in a copy Spark killed.
 
     Raises:
-        SparkJobError: a named winner is unknown or not DONE, two winners copy one partition,
-            or ``partitions`` is given and some partition has no DONE attempt.
+        SparkJobError: a winner is unknown or not DONE, two winners copy one partition, or
+            ``partitions`` is given and some partition has no winner.
     """
-    if winners is None:
-        chosen: dict[tuple[int, int], str] = {}
-        for key in sorted(attempts):  # per slot, the lowest task attempt id comes first
-            record = attempts[key]
-            if record.state is AttemptState.DONE:
-                chosen.setdefault(record.slot, key)
-        picked = sorted(chosen.values())
-    else:
-        picked = sorted(winners)
-        for key in picked:
-            if key not in attempts or attempts[key].state is not AttemptState.DONE:
-                state = attempts[key].state.value if key in attempts else "missing"
-                raise SparkJobError(f"the winning attempt {key} is {state}, not DONE")
-        slots = [attempts[key].slot for key in picked]
-        if len(set(slots)) != len(slots):
-            raise SparkJobError(f"two winning attempts copy one partition: {picked}")
+    picked = sorted(set(winners))
+    for key in picked:
+        if key not in attempts or attempts[key].state is not AttemptState.DONE:
+            state = attempts[key].state.value if key in attempts else "missing"
+            raise SparkJobError(f"the winning attempt {key} is {state}, not DONE")
+    slots = [attempts[key].slot for key in picked]
+    if len(set(slots)) != len(slots):
+        raise SparkJobError(f"two winning attempts copy one partition: {picked}")
     if partitions is not None:
         stages = {record.stage for record in attempts.values()}
         _check_partitions([attempts[key] for key in picked], stages, partitions)
-    chosen_set = set(picked)
-    losers = tuple(key for key in sorted(attempts) if key not in chosen_set)
+    chosen = set(picked)
+    losers = tuple(key for key in sorted(attempts) if key not in chosen)
     return CommitPlan(
         winners=tuple(picked),
         append=tuple(ledger for key in picked for ledger in attempts[key].ledgers),

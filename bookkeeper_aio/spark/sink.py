@@ -2,15 +2,16 @@
 
 Theory of operation
 -------------------
-The driver opens a job (``commit.open_job``: the log is checked — a wrong URI or a missing
-log fails here, before any task runs — and the job recorded OPEN). Each task attempt runs
+The driver opens a job (``commit.open_job``: the log is checked — a wrong URI or a missing log
+fails here, before any task runs — and the job recorded OPEN). Each task attempt runs
 :func:`write_attempt` in its Python worker: the rows' values (``rows.row_values``) go in
-bounded chunks to this process's client (``client.process_client``), which writes them into
-a ledger of the attempt's own (``attempt.AttemptWriter``); the next chunk is built while the
-previous one is written. When the Spark action returns, the driver commits (``commit_job``:
-one DONE attempt per partition, appended in one compare-and-swap); when it raises, the
-driver aborts (everything the job wrote is deleted). ``for_batch`` does the same for each
-micro-batch of a streaming query and skips a batch id the log says was committed already.
+bounded chunks to this process's client (``client.process_client``), which writes them into a
+ledger of the attempt's own (``attempt.AttemptWriter``); the next chunk is built while the
+previous one is written. When the Spark action returns, the driver commits (``commit_job``: the
+attempts Spark accepted, one per partition — an accumulator names them — appended in one
+compare-and-swap); when it raises, the driver aborts (everything the job wrote is deleted).
+``for_batch`` does the same for each micro-batch of a streaming query and skips a batch id the
+log says was committed already.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..errors import NoSuchLogError, SparkInputError, SparkJobError
 from .attempt import AttemptWriter
 from .client import process_client
 from .commit import JobSummary, abort_job, commit_job, open_job, read_batch
-from .model import AttemptRecord, batch_property
+from .model import AttemptRecord, attempt_key, batch_property
 from .rows import check_schema, chunks, row_values
 
 log = logging.getLogger(__name__)
@@ -80,20 +81,41 @@ def write_attempt(
         raise
 
 
+class _Keys:
+    """An accumulator of attempt keys (a pyspark AccumulatorParam: zero and addInPlace)."""
+
+    def zero(self, value: list[str]) -> list[str]:
+        return []
+
+    def addInPlace(self, first: list[str], second: list[str]) -> list[str]:
+        return first + second
+
+
 class SinkJob:
     """One job of a :class:`LogSink` (picklable: Spark ships ``write_partition`` to tasks).
 
+    ``accepted`` is a Spark accumulator of the attempts that finished: Spark merges the
+    updates of successful tasks only, once per partition of an action, so it names the
+    attempts Spark accepted — not an attempt whose input ended early because the task failed
+    around it (a Python function sees such an end as a normal one), nor a killed copy.
     ``summary`` is set once the job committed or was skipped (:class:`JobSummary`).
     """
 
     def __init__(
-        self, uri: str, log_name: str, job_id: str, skip_nulls: bool, config: SparkConfig
+        self,
+        uri: str,
+        log_name: str,
+        job_id: str,
+        skip_nulls: bool,
+        config: SparkConfig,
+        accepted: Any,
     ) -> None:
         self.uri = uri
         self.log = log_name
         self.job_id = job_id
         self.skip_nulls = skip_nulls
         self.config = config
+        self.accepted = accepted
         self.summary: JobSummary | None = None
 
     def write_partition(self, rows: Iterable[Any]) -> None:
@@ -110,7 +132,10 @@ class SinkJob:
         cfg = self.config
         values = row_values(rows, partition, self.skip_nulls)
         batches = chunks(values, cfg.write_chunk_rows_max, cfg.write_chunk_bytes_max)
-        write_attempt(self.uri, self.job_id, cfg, batches)
+        record = write_attempt(self.uri, self.job_id, cfg, batches)
+        self.accepted.add(
+            [attempt_key(self.job_id, record.stage, record.partition, record.task_attempt)]
+        )
 
 
 class LogSink:
@@ -155,13 +180,19 @@ class LogSink:
             ConfigError / MetadataUnavailableError: a malformed or unreachable metadata URI.
             SparkJobError: the commit found the job incomplete or not OPEN (it was aborted).
         """
+        from pyspark import SparkContext
+
+        context = SparkContext._active_spark_context
+        if context is None:
+            raise SparkJobError("LogSink.job() needs an active SparkContext (a SparkSession)")
         query, batch = stream if stream is not None else (None, None)
         record = self._run(
             lambda bk: open_job(
                 bk, self.log, create=self.create, partitions=partitions, query=query, batch=batch
             )
         )
-        job = SinkJob(self.uri, self.log, record.job_id, self.skip_nulls, self.config)
+        accepted = context.accumulator([], _Keys())  # type: ignore[arg-type]
+        job = SinkJob(self.uri, self.log, record.job_id, self.skip_nulls, self.config, accepted)
         try:
             yield job
         except BaseException:
@@ -170,7 +201,8 @@ class LogSink:
             except Exception as exc:  # the job's own error is the one to raise
                 log.warning("aborting job %s failed (cleanup removes it): %s", job.job_id, exc)
             raise
-        job.summary = self._run(lambda bk: commit_job(bk, job.job_id, self.config))
+        winners = list(accepted.value)
+        job.summary = self._run(lambda bk: commit_job(bk, job.job_id, self.config, winners=winners))
 
     def write(self, df: Any) -> JobSummary:
         """Write a DataFrame's ``value`` column (see :func:`write_to_log`)."""

@@ -1,0 +1,308 @@
+"""Real Spark against a real etcd and real bookie processes (127.0.0.1 only): 100,000 rows
+in 4 partitions, one task failing on its first attempt, through each write path (the
+foreachPartition adapter, write_to_log, the data source); failing jobs; streaming with a
+replayed batch (foreachBatch and the data source's stream writer); reading back with a Spark
+aggregation; bad input refused on the driver. One SparkSession and one cluster serve the
+whole module (a session starts in 4-15 s on this machine)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")  # the [spark] extra: `make test` installs it
+
+from pyspark import TaskContext  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from bookkeeper_aio import BookKeeper, NoSuchLogError  # noqa: E402
+from bookkeeper_aio.config import SparkConfig  # noqa: E402
+from bookkeeper_aio.errors import ConfigError, SparkInputError, SparkJobError  # noqa: E402
+from bookkeeper_aio.metadata.store import open_metadata_store  # noqa: E402
+from bookkeeper_aio.sandbox import bookies, wait_registered  # noqa: E402
+from bookkeeper_aio.spark import LogSink, read_log, register, write_to_log  # noqa: E402
+
+pytestmark = pytest.mark.process
+ROWS, PARTITIONS = 100_000, 4
+
+
+@pytest.fixture(scope="module")
+def cluster_uri(etcd, tmp_path_factory) -> Iterator[str]:
+    """3 bookie processes (RocksDB) registered in the session's etcd under a root of ours."""
+    uri = etcd.uri(f"spark-{uuid.uuid4().hex[:8]}")
+
+    async def init() -> None:
+        async with open_metadata_store(uri) as store:
+            await store.init_cluster()
+
+    asyncio.run(init())
+    root = tmp_path_factory.mktemp("spark-bookies")
+    with bookies(root, 3, "rocksdb", "--metadata", uri, "--set", "lease_ttl_s=3"):
+        asyncio.run(wait_registered(uri, 3))
+        yield uri
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    """A local session: 2 cores, a failed task tried again once (local[2,2]), loopback only,
+    no UI, the workers on this venv's interpreter."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[2,2]")
+        .appName("bookkeeper-aio-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def bk_run(uri: str, fn: Any) -> Any:
+    async def main() -> Any:
+        async with BookKeeper.connect(uri) as bk:
+            return await fn(bk)
+
+    return asyncio.run(main())
+
+
+def new_log(uri: str, **options: Any) -> str:
+    name = f"orders-{uuid.uuid4().hex[:8]}"
+    bk_run(uri, lambda bk: bk.create_log(name, **options))
+    return name
+
+
+def check_log(uri: str, log: str, expected: int) -> list[int]:
+    """The log holds ids 0..expected-1 once each, at dense offsets; nothing else is left."""
+
+    async def inspect(bk: BookKeeper) -> tuple[list[int], set[int], list[str]]:
+        info = await bk.log_info(log)
+        records = []
+        offset = info.start_offset
+        while offset < info.next_offset:
+            batch = await bk.read_log(log, offset, info.next_offset - 1)
+            records.extend(batch)
+            offset = batch[-1].offset + 1
+        assert [r.offset for r in records] == list(range(info.next_offset))
+        ids = sorted(int(r.payload) for r in records)
+        leftovers = set(await bk.list_ledgers())
+        for name in await bk.list_logs():
+            md = (await bk.log_info(name)).metadata
+            leftovers -= {*md.ledger_ids, *md.trash}
+        keys = [key async for key, _ in bk.ctx.metadata.list_prefix("spark/")]
+        return ids, leftovers, keys
+
+    ids, leftovers, keys = bk_run(uri, inspect)
+    assert ids == list(range(expected)), f"{len(ids)} records, {len(set(ids))} distinct"
+    assert leftovers == set(), "ledgers no log holds"
+    assert keys == [], "job records left"
+    return ids
+
+
+def failing(partition: int, after_rows: int, first_attempt_only: bool = True):
+    """A mapPartitions function: partition ``partition`` raises once it has passed
+    ``after_rows`` rows on (on its first attempt only, or on every attempt)."""
+
+    def run(rows: Iterator[Any]) -> Iterator[Any]:
+        task = TaskContext.get()
+        doomed = task.partitionId() == partition and (
+            task.attemptNumber() == 0 or not first_attempt_only
+        )
+        for seen, row in enumerate(rows):
+            if doomed and seen >= after_rows:
+                raise RuntimeError(f"injected failure (always: {not first_attempt_only})")
+            yield row
+
+    return run
+
+
+def numbered(spark: SparkSession, rows: int = ROWS, fail: Any = None) -> Any:
+    """Ids 0..rows-1 as a string ``value``, in 4 partitions; ``fail`` (a ``failing``
+    function) runs in the same task as the write, so its failure fails the writing task."""
+    ids = spark.sparkContext.parallelize(range(rows), PARTITIONS)
+    if fail is not None:
+        ids = ids.mapPartitions(fail)
+    return spark.createDataFrame(ids.map(lambda i: (str(i),)), "value string")
+
+
+FLAKY = failing(2, 10_000)  # partition 2's first attempt fails after 10,000 rows
+
+
+def test_foreach_partition_adapter_writes_each_row_once(spark, cluster_uri):
+    log = new_log(cluster_uri)
+    sink = LogSink(cluster_uri, log)
+    with sink.job(partitions=PARTITIONS) as job:
+        numbered(spark, fail=FLAKY).rdd.foreachPartition(job.write_partition)
+    assert job.summary is not None
+    assert (job.summary.rows, job.summary.partitions, job.summary.ledgers) == (ROWS, 4, 4)
+    check_log(cluster_uri, log, ROWS)
+
+
+def test_write_to_log_writes_each_row_once_and_read_log_aggregates(spark, cluster_uri):
+    log = new_log(cluster_uri)
+    summary = write_to_log(numbered(spark, fail=FLAKY), cluster_uri, log)
+    assert (summary.state, summary.rows, summary.first_offset, summary.next_offset) == (
+        "committed", ROWS, 0, ROWS,
+    )  # fmt: skip
+    check_log(cluster_uri, log, ROWS)
+    df = read_log(spark, cluster_uri, log, config=SparkConfig(partition_entries_max=10_000))
+    assert df.rdd.getNumPartitions() >= 12  # 4 ledgers of 25,000 in slices of 10,000
+    assert df.columns == ["offset", "value", "ledger_id", "entry_id"]
+    totals = df.select(
+        F.sum(F.col("value").cast("string").cast("long")).alias("ids"),
+        F.count("*").alias("rows"),
+        F.countDistinct("ledger_id").alias("ledgers"),
+        F.max("offset").alias("last"),
+    ).first()
+    assert totals.asDict() == {
+        "ids": ROWS * (ROWS - 1) // 2,
+        "rows": ROWS,
+        "ledgers": 4,
+        "last": ROWS - 1,
+    }
+    window = read_log(spark, cluster_uri, log, from_offset=500, to_offset=1_499)
+    assert window.count() == 1_000
+    assert window.agg(F.min("offset"), F.max("offset")).first() == (500, 1_499)
+
+
+def test_the_data_source_writes_each_row_once_and_reads_back(spark, cluster_uri):
+    log = new_log(cluster_uri)
+    (
+        numbered(spark, fail=FLAKY)
+        .write.format("bookkeeper")
+        .option("metadata", cluster_uri)
+        .option("log", log)
+        .mode("append")
+        .save()
+    )
+    check_log(cluster_uri, log, ROWS)
+    df = spark.read.format("bookkeeper").option("metadata", cluster_uri).option("log", log).load()
+    assert df.filter(F.col("value") == F.lit(b"99999")).select("offset").count() == 1
+
+
+def test_failing_jobs_leave_nothing_in_the_log_and_no_ledger(spark, cluster_uri):
+    log = new_log(cluster_uri)
+    bad = numbered(spark, 20_000, fail=failing(3, 1_000, first_attempt_only=False))
+    with pytest.raises(Exception, match=r"injected failure \(always: True\)"):
+        write_to_log(bad, cluster_uri, log)
+    with pytest.raises(Exception, match=r"injected failure \(always: True\)"):
+        bad.write.format("bookkeeper").option("metadata", cluster_uri).option("log", log).mode(
+            "append"
+        ).save()
+    with (
+        pytest.raises(RuntimeError, match="driver gave up"),
+        LogSink(cluster_uri, log).job() as job,
+    ):
+        numbered(spark, 20_000).rdd.foreachPartition(job.write_partition)
+        raise RuntimeError("the driver gave up after the tasks wrote")
+    check_log(cluster_uri, log, 0)
+
+
+def test_streaming_batches_land_once_when_a_batch_is_replayed(spark, cluster_uri, tmp_path):
+    """The checkpoint loses its last commit (as when the driver dies after our commit and
+    before Spark's): the restarted query replays that batch, and the log keeps one copy."""
+    source = tmp_path / "in"
+    source.mkdir()
+    for n in range(3):
+        lines = "\n".join(json.dumps({"id": n * 100 + i}) for i in range(100))
+        (source / f"part-{n}.json").write_text(lines)
+    for kind in ("foreachBatch", "data source"):
+        log = new_log(cluster_uri)
+        checkpoint = tmp_path / f"checkpoint-{log}"
+        for _ in range(2):  # the second run replays batch 2
+            stream = (
+                spark.readStream.schema("id long")
+                .option("maxFilesPerTrigger", 1)
+                .json(str(source))
+                .selectExpr("CAST(id AS STRING) AS value")
+                .writeStream.option("checkpointLocation", str(checkpoint))
+                .trigger(availableNow=True)
+            )
+            if kind == "foreachBatch":
+                stream = stream.foreachBatch(LogSink(cluster_uri, log).for_batch)
+            else:
+                stream = (
+                    stream.format("bookkeeper").option("metadata", cluster_uri).option("log", log)
+                )
+            query = stream.start()
+            assert query.awaitTermination(120), f"{kind}: the query did not finish"
+            assert query.exception() is None
+            last_commit = checkpoint / "commits" / "2"
+            assert last_commit.exists(), sorted(p.name for p in (checkpoint / "commits").iterdir())
+            last_commit.unlink()
+            (checkpoint / "commits" / ".2.crc").unlink(missing_ok=True)
+        check_log(cluster_uri, log, 300)
+        info = bk_run(cluster_uri, lambda bk, name=log: bk.log_info(name))
+        props = info.metadata.properties
+        assert sorted(props.values()) == ["2"], f"{kind}: {props}"
+
+
+def no_jobs_ran(spark: SparkSession, group: str) -> bool:
+    return spark.sparkContext.statusTracker().getJobIdsForGroup(group) == []
+
+
+def test_bad_input_is_refused_on_the_driver_before_any_task_runs(spark, cluster_uri):
+    log = new_log(cluster_uri)
+    group = f"bad-input-{uuid.uuid4().hex[:6]}"
+    spark.sparkContext.setJobGroup(group, "bad input")
+    ids = spark.range(0, 10, numPartitions=2)
+    try:
+        with pytest.raises(SparkInputError, match=r"no 'value' column.*to_json\(struct"):
+            write_to_log(ids, cluster_uri, log)
+        with pytest.raises(SparkInputError, match="'value' column is bigint"):
+            write_to_log(ids.withColumnRenamed("id", "value"), cluster_uri, log)
+        with pytest.raises(NoSuchLogError, match="create=True"):
+            write_to_log(numbered(spark, 10), cluster_uri, "no-such-log")
+        with pytest.raises(ConfigError, match="etcd://HOST:PORT"):
+            write_to_log(numbered(spark, 10), "etcd:/nowhere", log)
+        with pytest.raises(Exception, match=r"no 'value' column"):
+            ids.write.format("bookkeeper").option("metadata", cluster_uri).option("log", log).mode(
+                "append"
+            ).save()
+        with pytest.raises(Exception, match="append-only"):
+            numbered(spark, 10).write.format("bookkeeper").option("metadata", cluster_uri).option(
+                "log", log
+            ).mode("overwrite").save()
+        assert no_jobs_ran(spark, group)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    nulls = spark.createDataFrame([("a",), (None,), ("c",)], "value string").coalesce(1)
+    with pytest.raises(Exception, match=r"partition 0, row 1: the value is null"):
+        write_to_log(nulls, cluster_uri, log)
+    created = f"created-{uuid.uuid4().hex[:6]}"
+    summary = write_to_log(nulls, cluster_uri, created, create=True, skip_nulls=True)
+    assert summary.rows == 2
+    records = bk_run(cluster_uri, lambda bk: bk.read_log(created, 0, 1))
+    assert [r.payload for r in records] == [b"a", b"c"]
+
+
+def test_an_unreachable_metadata_store_fails_on_the_driver(spark, cluster_uri):
+    from bookkeeper_aio.sandbox import free_port
+
+    with pytest.raises(Exception, match=r"unreachable|Unavailable"):
+        write_to_log(numbered(spark, 10), f"etcd://127.0.0.1:{free_port()}/x", "o")
+
+
+def test_job_is_refused_outside_a_spark_task(spark, cluster_uri):
+    log = new_log(cluster_uri)
+    with (
+        pytest.raises(SparkJobError, match="runs in a Spark task"),
+        LogSink(cluster_uri, log).job() as job,
+    ):
+        job.write_partition(iter([b"x"]))
+    check_log(cluster_uri, log, 0)
