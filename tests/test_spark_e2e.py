@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ from bookkeeper_aio.errors import ConfigError, SparkInputError, SparkJobError  #
 from bookkeeper_aio.metadata.store import open_metadata_store  # noqa: E402
 from bookkeeper_aio.sandbox import bookies, wait_registered  # noqa: E402
 from bookkeeper_aio.spark import LogSink, read_log, register, write_to_log  # noqa: E402
+from bookkeeper_aio.spark.attempt import AttemptWriter  # noqa: E402
+from bookkeeper_aio.spark.commit import open_job  # noqa: E402
 
 pytestmark = pytest.mark.process
 ROWS, PARTITIONS = 100_000, 4
@@ -305,4 +308,37 @@ def test_job_is_refused_outside_a_spark_task(spark, cluster_uri):
         LogSink(cluster_uri, log).job() as job,
     ):
         job.write_partition(iter([b"x"]))
+    check_log(cluster_uri, log, 0)
+
+
+def shell(uri: str, *argv: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "bookkeeper_aio.shell", "--metadata", uri, *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_the_shell_lists_and_aborts_a_dead_drivers_job(cluster_uri):
+    log = new_log(cluster_uri)
+
+    async def dead_driver(bk: BookKeeper) -> str:
+        job = await open_job(bk, log)
+        writer = AttemptWriter(bk, job.job_id, 0, 0, 1, 0, SparkConfig())
+        await writer.start()
+        await writer.write([b"left behind"])
+        return job.job_id
+
+    job_id = bk_run(cluster_uri, dead_driver)
+    listed = shell(cluster_uri, "list-spark-jobs")
+    assert listed.returncode == 0 and f"{job_id}\t{log}\tOPEN" in listed.stdout
+    aborted = shell(cluster_uri, "abort-spark-job", job_id)
+    assert aborted.returncode == 0, aborted.stderr
+    assert "aborted: 1 ledgers deleted" in aborted.stdout
+    assert shell(cluster_uri, "list-spark-jobs").stdout.strip() == "no Spark jobs"
+    unknown = shell(cluster_uri, "abort-spark-job", job_id)
+    assert unknown.returncode == 1 and "no Spark job" in unknown.stderr
+    cleaned = shell(cluster_uri, "cleanup-spark-jobs", "--older-than", "3600")
+    assert json.loads(cleaned.stdout) == {
+        "jobs_aborted": 0,
+        "jobs_finished": 0,
+        "ledgers_deleted": 0,
+    }
     check_log(cluster_uri, log, 0)
