@@ -109,13 +109,14 @@ def values(spark: Any, rows: int, partitions: int, size: int) -> Any:
     )
 
 
-def spark_phases(uri: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Phases 2-4 (blocking: Spark's driver API)."""
+def spark_phases(uri: str, args: argparse.Namespace, spark: Any = None) -> dict[str, Any]:
+    """Phases 2-4 (blocking: Spark's driver API), in ``spark`` or a session of their own."""
     from pyspark.sql import functions as F
 
     from bookkeeper_aio.spark import read_log, write_to_log
 
-    spark = session()
+    own = spark is None
+    spark = spark or session()
     try:
         warm = f"warmup-{uuid.uuid4().hex[:6]}"  # workers started, modules imported
         write_to_log(values(spark, 1000, args.partitions, args.entry_size), uri, warm, create=True)
@@ -140,7 +141,8 @@ def spark_phases(uri: str, args: argparse.Namespace) -> dict[str, Any]:
                 write_to_log(small, uri, log).commit_s for _ in range(args.commits)
             ]
     finally:
-        spark.stop()
+        if own:
+            spark.stop()
     return {
         "sink_rows_per_s": args.rows / sink_s,
         "source_rows_per_s": args.rows / source_s,

@@ -342,3 +342,18 @@ def test_the_shell_lists_and_aborts_a_dead_drivers_job(cluster_uri):
         "ledgers_deleted": 0,
     }
     check_log(cluster_uri, log, 0)
+
+
+def test_the_benchmark_measures_the_sink_the_source_and_the_commit(spark, cluster_uri):
+    """``python -m benchmarks spark`` in small (its phases, in this module's session)."""
+    from benchmarks.__main__ import build_parser
+    from benchmarks.spark import client_baseline, spark_phases
+
+    argv = ["spark", "--rows", "2000", "--partitions", "2", "--commits", "1"]
+    args = build_parser().parse_args([*argv, "--metadata", cluster_uri])
+    base = asyncio.run(client_baseline(cluster_uri, f"bench-{uuid.uuid4().hex[:6]}", args))
+    phases = spark_phases(cluster_uri, args, spark)
+    assert base["client_write_rows_per_s"] > 0 and base["client_read_rows_per_s"] > 0
+    assert phases["sink_rows_per_s"] > 0 and phases["source_rows_per_s"] > 0
+    assert set(phases["commit_ms_p50_by_partitions"]) == {"1", "4", "16"}
+    assert all(ms > 0 for ms in phases["commit_ms_p50_by_partitions"].values())
