@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 
 from bookkeeper_aio import BookKeeper, LogFencedError, NoSuchLogError
 from bookkeeper_aio.config import SparkConfig
-from bookkeeper_aio.errors import SparkJobError
+from bookkeeper_aio.errors import OperationTimeoutError, SparkJobError
 from bookkeeper_aio.sim.loop import VirtualTimeLoop
 from bookkeeper_aio.sim.runner import _teardown, quiet_logging
 from bookkeeper_aio.sim.world import Faults, World
@@ -338,3 +339,33 @@ def test_a_missing_log_is_refused_unless_created(cluster):
 def test_attempt_keys_sort_by_stage_partition_and_attempt():
     keys = [attempt_key("j", s, p, t) for s, p, t in [(1, 0, 5), (0, 10, 1), (0, 2, 30), (0, 2, 4)]]
     assert sorted(keys) == [keys[3], keys[2], keys[1], keys[0]]
+
+
+def test_a_process_keeps_one_client_per_cluster_and_its_loop_in_a_thread():
+    from bookkeeper_aio.errors import ConfigError
+    from bookkeeper_aio.spark.client import ProcessClient
+
+    client = ProcessClient()
+    try:
+
+        async def which(bk: BookKeeper) -> tuple[int, str]:
+            return id(bk), threading.current_thread().name
+
+        first = client.run("memory://spark-client", which, 5)
+        assert client.run("memory://spark-client", which, 5) == first  # reused
+        assert first[1] == "bookkeeper-aio-spark"  # on the client's own loop thread
+        assert client.run("memory://other", which, 5)[0] != first[0]
+        with pytest.raises(ConfigError):
+            client.run("nonsense", which, 5)
+        with pytest.raises(ConfigError):
+            client.run("nonsense", which, 5)  # a failed connect is not kept
+
+        async def hang(bk: BookKeeper) -> None:
+            await asyncio.sleep(60)
+
+        with pytest.raises(OperationTimeoutError):
+            client.run("memory://spark-client", hang, 0.05)
+        assert client.statistics()["clusters"] == 2
+    finally:
+        client.close()
+    assert not client._thread.is_alive()

@@ -286,8 +286,7 @@ async def abort_job(bk: BookKeeper, job_id: str, config: SparkConfig) -> JobSumm
         job = await update_job(store, job_id, lambda j: j.aborting(), config.commit_attempts_max)
     attempts = await list_attempts(store, job_id, config.job_attempts_max)
     plan = plan_abort({key: v.value for key, v in attempts.items()})
-    # A record-less job (cleanup of leftovers) scans tags too: nothing says what it made.
-    deleted = await sweep(bk, job_id, attempts, set(), plan.tag_scan or job is None, config)
+    deleted = await sweep(bk, job_id, attempts, set(), plan.tag_scan, config)
     await delete_job_records(store, job_id)
     return JobSummary(job_id, log, "aborted", ledgers_deleted=deleted)
 
