@@ -19,9 +19,11 @@ ledgers and records the job OPEN. :func:`commit_job`:
 6. deletes the job's records.
 
 A failure before the append, or one that surely appended nothing, aborts the job. One whose
-outcome is unknown (the store unreachable) is settled by looking at the log: the append is
-one compare-and-swap, so either every chosen ledger is in the log or none is; a commit found
-not landed is tried again (the log refuses ledgers it holds, so a retry cannot duplicate).
+outcome is unknown (the store did not answer) is tried again: the append is idempotent (a log
+that holds exactly these ledgers returns their offsets and changes nothing). If the store stays
+unreachable the job stays COMMITTING, and whoever finds it later settles it by looking at the
+log (``membership``): the append is one compare-and-swap, so either every chosen ledger is in
+the log or none is.
 :func:`abort_job` seals nothing: it moves the job to ABORTING, tombstones every attempt and
 deletes every ledger the job wrote.
 """
@@ -232,22 +234,13 @@ async def _append(
             if last:
                 raise
         except UNKNOWN_OUTCOME:
+            # The append is idempotent: a retry finds the ledgers in the log if it landed.
             if last:
                 raise
-            if await membership(bk, job):
-                return await _offsets(bk, job)
-        # Another writer (or job) took the log over during ours: jittered backoff.
+        # Another writer (or job) took the log over during ours, or the store did not
+        # answer: jittered backoff, then again.
         await asyncio.sleep(0.05 * (1 + bk.ctx.rng.random()) * 2**attempt)
     raise AssertionError("unreachable")
-
-
-async def _offsets(bk: BookKeeper, job: JobRecord) -> range | None:
-    """The offsets a landed append gave the job's ledgers (None if truncated since)."""
-    segments = (await bk.log_info(job.log)).metadata.segments
-    mine = [s for s in segments if s.ledger_id in set(job.ledgers)]
-    if len(mine) != len(job.ledgers):
-        return None
-    return range(mine[0].first_offset, mine[-1].end_offset)
 
 
 async def membership(bk: BookKeeper, job: JobRecord) -> bool | None:
