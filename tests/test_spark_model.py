@@ -162,10 +162,7 @@ def test_every_move_outside_the_tables_is_refused():
             record = dataclasses.replace(
                 job, state=old, ledgers=(1,) if old is JobState.COMMITTING else ()
             )
-            allowed = (old, new) in JOB_TRANSITIONS or old is new in (
-                JobState.SEALED,
-                JobState.ABORTING,
-            )
+            allowed = (old, new) in JOB_TRANSITIONS or old is new is JobState.ABORTING
             if allowed:
                 assert moved(record).state is new
             else:

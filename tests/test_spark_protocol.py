@@ -276,6 +276,76 @@ def test_a_stale_batch_check_is_caught_by_the_compare_and_swap(cluster, monkeypa
     cluster(scenario)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_a_commit_through_a_failing_metadata_store_lands_once_or_not_at_all(seed):
+    """Metadata calls fail or lose their replies during the commit (and the tasks' last
+    steps): whatever the commit reports, once the store is calm and the job is settled
+    (abort-spark-job), the log holds the job's rows once (committed) or not at all, and no
+    ledger or record is left."""
+    logging.getLogger("bookkeeper_aio").setLevel(logging.CRITICAL + 1)
+    loop, world = VirtualTimeLoop(), World(seed=seed, faults=Faults())
+
+    async def scenario() -> tuple[str, list[bytes]]:
+        for _ in range(4):
+            await world.add_bookie().start()
+        bk = world.client("driver")
+        await bk.create_log("orders")
+        job = await open_job(bk, "orders", partitions=3)
+        keys = []
+        for p in range(3):
+            w = await attempt(bk, job.job_id, p, p + 1, rows(p, 20))
+            keys.append(w.key)
+            if p == 2:
+                world.faults.metadata_failure_rate = 0.15
+                world.faults.metadata_lost_reply_rate = 0.15
+                world.calm_rates_changed()
+            try:
+                await w.finish()
+            except Exception:
+                await w.fail()
+        try:
+            outcome = (await commit_job(bk, job.job_id, CONFIG, winners=keys)).state
+        except Exception as exc:
+            outcome = type(exc).__name__
+        world.calm()
+        try:
+            await abort_job(bk, job.job_id, CONFIG)  # settles whatever is left
+        except SparkJobError:
+            pass  # nothing left of the job
+        records = await log_records(bk, "orders")
+        assert await ledgers_outside_logs(bk, "orders") == set()
+        assert await spark_keys(bk) == []
+        return outcome, records
+
+    try:
+        outcome, records = loop.run_until_complete(asyncio.wait_for(scenario(), 600))
+    finally:
+        _teardown(loop, world)
+    expected = rows(0, 20) + rows(1, 20) + rows(2, 20)
+    assert records in ([], expected), outcome
+    if outcome == "committed":
+        assert records == expected
+
+
+def test_a_job_has_one_committer(cluster):
+    async def scenario(world: World) -> None:
+        bk = world.client("driver")
+        await bk.create_log("orders")
+        job = await open_job(bk, "orders")
+        w = await attempt(bk, job.job_id, 0, 1, rows(0, 5))
+        await w.finish()
+        first, second = await asyncio.gather(
+            commit_job(bk, job.job_id, CONFIG, winners=[w.key]),
+            commit_job(bk, job.job_id, CONFIG, winners=[w.key]),
+            return_exceptions=True,
+        )
+        outcomes = sorted([type(first).__name__, type(second).__name__])
+        assert outcomes == ["JobSummary", "SparkJobError"]
+        assert await log_records(bk, "orders") == rows(0, 5)
+
+    cluster(scenario)
+
+
 def test_cleanup_settles_dead_drivers_jobs_and_deletes_orphan_ledgers(cluster):
     async def scenario(world: World) -> None:
         bk = world.client("driver")

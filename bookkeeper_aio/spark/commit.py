@@ -31,6 +31,7 @@ deletes every ledger the job wrote.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -52,6 +53,7 @@ from ..errors import (
 from ..metadata.model import Versioned
 from .attempt import wall_clock_ms
 from .model import (
+    CommitPlan,
     JobRecord,
     JobState,
     batch_property,
@@ -64,6 +66,7 @@ from .records import create_record, delete_job_records, list_attempts, read_job,
 from .sweep import bounded_map, sweep
 
 UNKNOWN_OUTCOME = (MetadataUnavailableError, OperationTimeoutError, TimeoutError)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,9 @@ async def commit_job(
 ) -> JobSummary:
     """Commit the job (module docstring) with ``winners``, the attempts Spark accepted (one
     per partition). A stream batch already committed (its job's query and batch id) is
-    aborted and reported skipped.
+    aborted and reported skipped. A failure before the append aborts the job (best effort:
+    what an abort leaves, cleanup removes); once the append landed, the job is committed,
+    whatever happens to the deletion of its records (cleanup finishes it).
 
     Raises:
         SparkJobError: unknown job, not OPEN, or incomplete (then it is aborted); or the
@@ -167,46 +172,72 @@ async def commit_job(
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
-    store = bk.ctx.metadata
-    job = await update_job(store, job_id, lambda j: j.sealed(), config.commit_attempts_max)
-    attempts = await list_attempts(store, job_id, config.job_attempts_max)
-    records = {key: v.value for key, v in attempts.items()}
+    # Sealing is ours alone (OPEN -> SEALED once): a second committer of the job stops here,
+    # before it could abort what the first one is committing.
+    retries = config.commit_attempts_max
+    sealed = await update_job(bk.ctx.metadata, job_id, lambda j: j.sealed(), retries)
     try:
-        plan = plan_commit(records, winners, job.value.partitions)
-    except SparkJobError:
-        await abort_job(bk, job_id, config)
+        prepared = await _prepare(bk, sealed.value, winners, config)
+    except BaseException:
+        await _abort_quietly(bk, job_id, config)
         raise
-    expected: dict[str, str | None] = {}
-    if job.value.query is not None:
-        last = await read_batch(bk, job.value.log, job.value.query)
-        if last is not None and last >= (job.value.batch or 0):
-            await abort_job(bk, job_id, config)
-            return JobSummary(job_id, job.value.log, "skipped", commit_s=loop.time() - started)
-        expected[batch_property(job.value.query)] = None if last is None else str(last)
-    job = await update_job(
-        store, job_id, lambda j: j.committing(plan.append), config.commit_attempts_max
-    )
-    losers = {key: attempts[key] for key in plan.losers}
-    deleted = await sweep(bk, job_id, losers, set(plan.append), plan.tag_scan, config)
+    if prepared is None:  # a stream batch committed before: nothing of this job is kept
+        await _abort_quietly(bk, job_id, config)
+        return JobSummary(job_id, "", "skipped", commit_s=loop.time() - started)
+    job, plan, expected, deleted = prepared
     try:
-        offsets = await _append(bk, job.value, expected, config)
+        offsets = await _append(bk, job, expected, config)
     except _BatchTaken:
-        await abort_job(bk, job_id, config)
-        return JobSummary(job_id, job.value.log, "skipped", commit_s=loop.time() - started)
+        await _abort_quietly(bk, job_id, config)
+        return JobSummary(job_id, job.log, "skipped", commit_s=loop.time() - started)
     except UNKNOWN_OUTCOME as exc:
         raise SparkJobError(
             f"job {job_id}: the commit's outcome is unknown ({type(exc).__name__}: {exc}); "
             "it stays COMMITTING: abort-spark-job or cleanup() settles it from the log"
         ) from exc
-    except BookKeeperError:
-        await abort_job(bk, job_id, config)
+    except BaseException:
+        await _abort_quietly(bk, job_id, config)
         raise
-    await delete_job_records(store, job_id)
+    try:
+        await delete_job_records(bk.ctx.metadata, job_id)
+    except BookKeeperError as exc:  # committed all the same: cleanup finishes it
+        log.warning("job %s committed; deleting its records failed: %s", job_id, exc)
     return JobSummary(
-        job_id, job.value.log, "committed", len(plan.winners), plan.rows, plan.bytes,
+        job_id, job.log, "committed", len(plan.winners), plan.rows, plan.bytes,
         len(plan.append), deleted, offsets.start if offsets else None,
         offsets.stop if offsets else None, loop.time() - started,
     )  # fmt: skip
+
+
+async def _prepare(
+    bk: BookKeeper, job: JobRecord, winners: Sequence[str], config: SparkConfig
+) -> tuple[JobRecord, CommitPlan, dict[str, str | None], int] | None:
+    """Steps 2-4 of the module docstring for a sealed job: the COMMITTING job, its plan, the
+    properties the append expects, the ledgers deleted; None for a stream batch committed
+    before."""
+    store, job_id = bk.ctx.metadata, job.job_id
+    attempts = await list_attempts(store, job_id, config.job_attempts_max)
+    plan = plan_commit({key: v.value for key, v in attempts.items()}, winners, job.partitions)
+    expected: dict[str, str | None] = {}
+    if job.query is not None:
+        last = await read_batch(bk, job.log, job.query)
+        if last is not None and last >= (job.batch or 0):
+            return None
+        expected[batch_property(job.query)] = None if last is None else str(last)
+    retries = config.commit_attempts_max
+    job = (await update_job(store, job_id, lambda j: j.committing(plan.append), retries)).value
+    losers = {key: attempts[key] for key in plan.losers}
+    deleted = await sweep(bk, job_id, losers, set(plan.append), plan.tag_scan, config)
+    return job, plan, expected, deleted
+
+
+async def _abort_quietly(bk: BookKeeper, job_id: str, config: SparkConfig) -> None:
+    """Abort for a commit that failed anyway (what goes wrong is logged; cleanup removes the
+    rest)."""
+    try:
+        await abort_job(bk, job_id, config)
+    except BookKeeperError as exc:
+        log.warning("aborting job %s failed (cleanup removes it): %s", job_id, exc)
 
 
 class _BatchTaken(Exception):

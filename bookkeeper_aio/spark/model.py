@@ -167,9 +167,8 @@ class JobRecord:
             raise IncorrectParameterError(f"a {self.state.value} job has chosen no ledgers yet")
 
     def sealed(self) -> JobRecord:
-        """SEALED: tasks that record an attempt from now on find the job closed."""
-        if self.state is JobState.SEALED:
-            return self  # a commit tried again
+        """SEALED: tasks that record an attempt from now on find the job closed (once: the
+        committer that seals a job is its only one)."""
         _check_move(f"job {self.job_id}", self.state, JobState.SEALED, JOB_TRANSITIONS)
         return dataclasses.replace(self, state=JobState.SEALED)
 
