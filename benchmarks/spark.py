@@ -12,6 +12,8 @@ One local SparkSession (``local[2]``: this machine's two cores, 127.0.0.1) and o
    ``read_log`` reads them back in batches of the sink's read size.
 2. **sink**: ``write_to_log`` of a DataFrame of ``--rows`` values of ``--entry-size`` bytes in
    ``--partitions`` partitions (generated in the JVM), wall time from the call to the commit.
+   The same DataFrame through the data source (``df.write.format("bookkeeper")``: Arrow
+   batches instead of pickled rows), wall time.
 3. **source**: ``read_log(...)`` counted and summed in Spark (every value reaches Python's
    Arrow batches and the JVM), wall time.
 4. **commit**: ``--commits`` jobs of one row per partition for 1, 4 and 16 partitions: the
@@ -129,6 +131,12 @@ def spark_phases(uri: str, args: argparse.Namespace, spark: Any = None) -> dict[
         sink_s = time.perf_counter() - started
         assert summary.rows == args.rows, summary
 
+        source_log = f"bench-source-{uuid.uuid4().hex[:6]}"
+        writer = df.write.format("bookkeeper").option("metadata", uri).option("log", source_log)
+        started = time.perf_counter()
+        writer.option("create", "true").mode("append").save()
+        data_source_s = time.perf_counter() - started
+
         started = time.perf_counter()
         totals = read_log(spark, uri, log).agg(F.count("*"), F.sum(F.length("value"))).first()
         source_s = time.perf_counter() - started
@@ -145,6 +153,7 @@ def spark_phases(uri: str, args: argparse.Namespace, spark: Any = None) -> dict[
             spark.stop()
     return {
         "sink_rows_per_s": args.rows / sink_s,
+        "data_source_write_rows_per_s": args.rows / data_source_s,
         "source_rows_per_s": args.rows / source_s,
         "sink_commit_ms": summary.commit_s * 1000,
         "commit_ms_p50_by_partitions": {p: statistics.median(s) * 1000 for p, s in commits.items()},
@@ -178,6 +187,9 @@ async def run_spark(args: argparse.Namespace, *, quiet: bool = False) -> dict[st
              "x client": None},
             {"path": "sink (write_to_log)", "rows/s": phases["sink_rows_per_s"],
              "x client": result["ratio_sink_vs_client"]},
+            {"path": "data source writes", "rows/s": phases["data_source_write_rows_per_s"],
+             "x client": phases["data_source_write_rows_per_s"]
+             / base["client_write_rows_per_s"]},
             {"path": "client reads (baseline)", "rows/s": base["client_read_rows_per_s"],
              "x client": None},
             {"path": "source (read_log)", "rows/s": phases["source_rows_per_s"],
