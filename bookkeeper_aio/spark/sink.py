@@ -16,6 +16,7 @@ log says was committed already.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
@@ -71,9 +72,8 @@ def write_attempt(
         return client.run(uri, lambda _: writer.finish(), timeout_s)
     except BaseException:
         if pending is not None and not pending.done():
-            pending.cancel()  # never two steps of one writer at once
-            with contextlib.suppress(BaseException):
-                pending.result(timeout_s)
+            pending.cancel()  # and let it end: never two steps of one writer at once
+            concurrent.futures.wait([pending], timeout_s)
         try:
             client.run(uri, lambda _: writer.fail(), timeout_s)
         except Exception as exc:  # the task fails anyway; the sweep removes what is left
