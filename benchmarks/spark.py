@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import sys
 import time
 import uuid
 from typing import Any
@@ -87,18 +85,9 @@ async def client_baseline(uri: str, log: str, args: argparse.Namespace) -> dict[
 
 
 def session() -> Any:
-    from pyspark.sql import SparkSession
+    from bookkeeper_aio.spark import local_session
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("benchmarks spark")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    spark = local_session("benchmarks spark")
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

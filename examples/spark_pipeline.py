@@ -13,7 +13,6 @@ cluster every executor needs the package: docs/spark.md, "Running on a cluster".
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import uuid
 
@@ -21,27 +20,19 @@ from pyspark import SparkConf
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bookkeeper_aio.spark import read_log, write_to_log
+from bookkeeper_aio.spark import local_session, read_log, write_to_log
 
+APP = "bookkeeper-aio spark_pipeline"
 ORDER = "order_id long, customer string, amount double, country string"
 
 
 def session(master: str | None) -> SparkSession:
-    builder = SparkSession.builder.appName("bookkeeper-aio spark_pipeline")
-    if master is None and not SparkConf().contains("spark.master"):
-        master = "local[2]"  # run here; spark-submit sets the master itself
-    if master is not None and master.startswith("local"):
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers on our interpreter
-        builder = (
-            builder.master(master)
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-        )
-    elif master is not None:
-        builder = builder.master(master)
-    return builder.getOrCreate()
+    if master is None and SparkConf().contains("spark.master"):
+        return SparkSession.builder.appName(APP).getOrCreate()  # spark-submit's master
+    master = master or "local[2]"
+    if master.startswith("local"):
+        return local_session(APP, master)  # here, on 127.0.0.1, workers on this Python
+    return SparkSession.builder.master(master).appName(APP).getOrCreate()
 
 
 def orders(spark: SparkSession, csv: str | None, count: int) -> DataFrame:

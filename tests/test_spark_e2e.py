@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -17,21 +16,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pyspark import TaskContext
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-pyspark = pytest.importorskip("pyspark")  # the [spark] extra: `make test` installs it
-
-from pyspark import TaskContext  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-
-from bookkeeper_aio import BookKeeper, NoSuchLogError  # noqa: E402
-from bookkeeper_aio.config import SparkConfig  # noqa: E402
-from bookkeeper_aio.errors import ConfigError, SparkInputError, SparkJobError  # noqa: E402
-from bookkeeper_aio.metadata.store import open_metadata_store  # noqa: E402
-from bookkeeper_aio.sandbox import bookies, free_port, wait_registered  # noqa: E402
-from bookkeeper_aio.spark import LogSink, read_log, register, write_to_log  # noqa: E402
-from bookkeeper_aio.spark.attempt import AttemptWriter  # noqa: E402
-from bookkeeper_aio.spark.commit import open_job  # noqa: E402
+from bookkeeper_aio import BookKeeper, NoSuchLogError
+from bookkeeper_aio.config import SparkConfig
+from bookkeeper_aio.errors import ConfigError, SparkInputError, SparkJobError
+from bookkeeper_aio.metadata.store import open_metadata_store
+from bookkeeper_aio.sandbox import bookies, free_port, wait_registered
+from bookkeeper_aio.spark import (
+    LogSink,
+    local_session,
+    read_log,
+    register,
+    write_to_log,
+)
+from bookkeeper_aio.spark.attempt import AttemptWriter
+from bookkeeper_aio.spark.commit import open_job
 
 pytestmark = pytest.mark.process
 ROWS, PARTITIONS = 100_000, 4
@@ -57,17 +59,8 @@ def cluster_uri(etcd, tmp_path_factory) -> Iterator[str]:
 def spark() -> Iterator[SparkSession]:
     """A local session: 2 cores, a failed task tried again once (local[2,2]), loopback only,
     no UI, the workers on this venv's interpreter."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2,2]")
-        .appName("bookkeeper-aio-tests")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
-    )
+    conf = {"spark.sql.shuffle.partitions": "4", "spark.sql.streaming.stopTimeout": "30s"}
+    session = local_session("bookkeeper-aio-tests", "local[2,2]", **conf)
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     try:

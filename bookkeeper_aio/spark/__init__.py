@@ -12,6 +12,7 @@ pyspark is imported only where Spark is used, so the shell's job commands work w
 """
 
 from .commit import JobSummary
+from .session import local_session
 from .sink import LogSink, SinkJob, write_to_log
 from .source import read_log
 
@@ -23,4 +24,12 @@ def register(spark: object) -> None:
     register_source(spark)
 
 
-__all__ = ["JobSummary", "LogSink", "SinkJob", "read_log", "register", "write_to_log"]
+__all__ = [
+    "JobSummary",
+    "LogSink",
+    "SinkJob",
+    "local_session",
+    "read_log",
+    "register",
+    "write_to_log",
+]

@@ -29,7 +29,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import IncorrectParameterError, MetadataFormatError, SparkJobError
 
@@ -124,8 +124,40 @@ def _int(value: object, what: str, low: int = 0) -> int:
     return value
 
 
+class _JsonRecord:
+    """Readable JSON for a frozen record with an enum ``state`` and a tuple of ``ledgers``
+    (what ``etcdctl get`` shows)."""
+
+    WHAT: ClassVar[str]
+    STATES: ClassVar[type[enum.Enum]]
+
+    def to_json_bytes(self) -> bytes:
+        doc = dataclasses.asdict(self)  # type: ignore[call-overload]
+        doc.update(state=doc["state"].value, ledgers=list(doc["ledgers"]))
+        doc["format_version"] = FORMAT_VERSION
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def from_json_bytes(cls, data: bytes) -> Any:
+        """Raises MetadataFormatError: not such a record."""
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict):
+                raise ValueError("not an object")
+            version = doc.pop("format_version", None)
+            if version != FORMAT_VERSION:
+                raise MetadataFormatError(f"{cls.WHAT}: unknown format version {version!r}")
+            doc["state"] = cls.STATES(doc["state"])
+            doc["ledgers"] = tuple(doc["ledgers"])
+            return cls(**doc)
+        except MetadataFormatError:
+            raise
+        except (KeyError, TypeError, ValueError, IncorrectParameterError) as exc:
+            raise MetadataFormatError(f"invalid {cls.WHAT}: {exc}") from exc
+
+
 @dataclass(frozen=True)
-class JobRecord:
+class JobRecord(_JsonRecord):
     """A job: which log it writes, how its ledgers are replicated, and where it stands.
 
     ``partitions`` is how many partitions a whole job has when the driver knows it;
@@ -144,6 +176,8 @@ class JobRecord:
     query: str | None = None
     batch: int | None = None
     ledgers: tuple[int, ...] = ()
+    WHAT: ClassVar[str] = "job record"
+    STATES: ClassVar[type[enum.Enum]] = JobState
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
@@ -186,26 +220,9 @@ class JobRecord:
     def age_s(self, now_ms: int) -> float:
         return max(0, now_ms - self.created_ms) / 1000
 
-    def to_json_bytes(self) -> bytes:
-        doc = dataclasses.asdict(self)
-        doc.update(state=self.state.value, ledgers=list(self.ledgers))
-        doc["format_version"] = FORMAT_VERSION
-        return json.dumps(doc, sort_keys=True).encode()
-
-    @classmethod
-    def from_json_bytes(cls, data: bytes) -> JobRecord:
-        """Raises MetadataFormatError: not a job record."""
-        doc = _load(data, "job record")
-        try:
-            doc["state"] = JobState(doc["state"])
-            doc["ledgers"] = tuple(doc["ledgers"])
-            return cls(**doc)
-        except (KeyError, TypeError, ValueError, IncorrectParameterError) as exc:
-            raise MetadataFormatError(f"invalid job record: {exc}") from exc
-
 
 @dataclass(frozen=True)
-class AttemptRecord:
+class AttemptRecord(_JsonRecord):
     """One task attempt: its place in the job, its ledgers, and (DONE) what it wrote."""
 
     stage: int
@@ -217,6 +234,8 @@ class AttemptRecord:
     ledgers: tuple[int, ...] = ()
     rows: int = 0
     bytes: int = 0
+    WHAT: ClassVar[str] = "attempt record"
+    STATES: ClassVar[type[enum.Enum]] = AttemptState
 
     def __post_init__(self) -> None:
         for name in ("stage", "partition", "task_attempt", "attempt_number", "created_ms"):
@@ -253,36 +272,6 @@ class AttemptRecord:
         if self.state is AttemptState.ABORTED:
             return self
         return self._moved(AttemptState.ABORTED)
-
-    def to_json_bytes(self) -> bytes:
-        doc = dataclasses.asdict(self)
-        doc.update(state=self.state.value, ledgers=list(self.ledgers))
-        doc["format_version"] = FORMAT_VERSION
-        return json.dumps(doc, sort_keys=True).encode()
-
-    @classmethod
-    def from_json_bytes(cls, data: bytes) -> AttemptRecord:
-        """Raises MetadataFormatError: not an attempt record."""
-        doc = _load(data, "attempt record")
-        try:
-            doc["state"] = AttemptState(doc["state"])
-            doc["ledgers"] = tuple(doc["ledgers"])
-            return cls(**doc)
-        except (KeyError, TypeError, ValueError, IncorrectParameterError) as exc:
-            raise MetadataFormatError(f"invalid attempt record: {exc}") from exc
-
-
-def _load(data: bytes, what: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(data)
-        if not isinstance(doc, dict):
-            raise ValueError("not an object")
-    except ValueError as exc:
-        raise MetadataFormatError(f"invalid {what}: {exc}") from exc
-    version = doc.pop("format_version", None)
-    if version != FORMAT_VERSION:
-        raise MetadataFormatError(f"{what}: unknown format version {version!r}")
-    return doc
 
 
 @dataclass(frozen=True)
