@@ -85,6 +85,12 @@ async def spark_keys(bk: BookKeeper) -> list[str]:
     return [key async for key, _ in bk.ctx.metadata.list_prefix("spark/")]
 
 
+async def assert_nothing_left(bk: BookKeeper) -> None:
+    """No ledger outside the log "orders", no job record."""
+    assert await ledgers_outside_logs(bk, "orders") == set()
+    assert await spark_keys(bk) == []
+
+
 async def ledgers_outside_logs(bk: BookKeeper, *logs: str) -> set[int]:
     kept = set()
     for log in logs:
@@ -129,8 +135,7 @@ def test_one_attempt_per_partition_lands_and_every_other_ledger_goes(cluster):
         assert (summary.first_offset, summary.next_offset) == (0, 95)
         # spec_a finished too (a killed copy may), but Spark did not accept it; and the lost one.
         assert summary.ledgers == 3 and summary.ledgers_deleted == 2
-        assert await ledgers_outside_logs(bk, "orders") == set()
-        assert await spark_keys(bk) == []
+        await assert_nothing_left(bk)
 
     cluster(scenario)
 
@@ -151,8 +156,7 @@ def test_an_attempt_too_late_or_tombstoned_removes_what_it_wrote(cluster):
         with pytest.raises(SparkJobError, match="too late"):
             await late.start()  # the job was committed: it records nothing
         assert await log_records(bk, "orders") == rows(0, 5)
-        assert await ledgers_outside_logs(bk, "orders") == set()
-        assert await spark_keys(bk) == []
+        await assert_nothing_left(bk)
 
     cluster(scenario)
 
@@ -182,8 +186,7 @@ def test_an_abort_or_an_incomplete_job_leaves_nothing(cluster):
         with pytest.raises(SparkJobError, match="WRITING, not DONE"):
             await commit_job(bk, stray.job_id, CONFIG, winners=[w.key])
         assert await log_records(bk, "orders") == []
-        assert await ledgers_outside_logs(bk, "orders") == set()
-        assert await spark_keys(bk) == []
+        await assert_nothing_left(bk)
 
     cluster(scenario)
 
@@ -243,8 +246,7 @@ def test_a_stream_batch_lands_once_even_when_two_runs_commit_it(cluster):
         assert records[10:] in (rows(1, 10, "x"), rows(1, 10, "y"))
         props = (await bk.log_info("orders")).metadata.properties
         assert props == {"spark-batch/q-1": "1"}
-        assert await ledgers_outside_logs(bk, "orders") == set()
-        assert await spark_keys(bk) == []
+        await assert_nothing_left(bk)
 
     cluster(scenario)
 
@@ -313,8 +315,7 @@ def test_a_commit_through_a_failing_metadata_store_lands_once_or_not_at_all(seed
         except SparkJobError:
             pass  # nothing left of the job
         records = await log_records(bk, "orders")
-        assert await ledgers_outside_logs(bk, "orders") == set()
-        assert await spark_keys(bk) == []
+        await assert_nothing_left(bk)
         return outcome, records
 
     try:
@@ -379,8 +380,7 @@ def test_cleanup_settles_dead_drivers_jobs_and_deletes_orphan_ledgers(cluster):
         counts = await admin.cleanup(bk, ttl_s=-1, config=CONFIG)  # everything is "old"
         assert counts["jobs_finished"] == 1  # landed: finished, its ledger kept
         assert await log_records(bk, "orders") == rows(0, 7, "landed")
-        assert await ledgers_outside_logs(bk, "orders") == set()
-        assert await spark_keys(bk) == []
+        await assert_nothing_left(bk)
         with pytest.raises(SparkJobError, match="no Spark job"):
             await admin.abort(bk, "never-was", CONFIG)
 
