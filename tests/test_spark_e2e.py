@@ -34,6 +34,7 @@ from bookkeeper_aio.spark import (
 )
 from bookkeeper_aio.spark.attempt import AttemptWriter
 from bookkeeper_aio.spark.commit import open_job
+from bookkeeper_aio.spark.source import LogSlice, read_slice
 
 pytestmark = pytest.mark.process
 ROWS, PARTITIONS = 100_000, 4
@@ -168,6 +169,15 @@ def test_write_to_log_writes_each_row_once_and_read_log_aggregates(spark, cluste
     window = read_log(spark, cluster_uri, log, from_offset=500, to_offset=1_499)
     assert window.count() == 1_000
     assert window.agg(F.min("offset"), F.max("offset")).first() == (500, 1_499)
+    # A task's read asks for more than the log returns at once (10,000): it goes on.
+    info = bk_run(cluster_uri, lambda bk: bk.log_info(log))
+    first = info.segments[1]
+    piece = LogSlice(first.ledger_id, 0, first.last_offset - first.first_offset, first.first_offset)
+    big = SparkConfig(read_batch_entries_max=15_000)
+    batches = list(read_slice(cluster_uri, log, piece, big))
+    assert [b.num_rows for b in batches] == [10_000, 10_000, 5_000]
+    assert batches[0].column("offset")[0].as_py() == first.first_offset
+    assert batches[-1].column("entry_id")[-1].as_py() == 24_999
 
 
 def test_the_data_source_writes_each_row_once_and_reads_back(spark, cluster_uri):
