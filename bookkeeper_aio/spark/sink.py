@@ -207,6 +207,7 @@ class LogSink:
     def write(self, df: Any) -> JobSummary:
         """Write a DataFrame's ``value`` column (see :func:`write_to_log`)."""
         check_schema(df.schema)
+        _register(df.sparkSession)  # so that format("bookkeeper") works in this session too
         rdd = df.select("value").rdd  # only the records travel to the Python workers
         with self.job(partitions=rdd.getNumPartitions()) as job:
             rdd.foreachPartition(job.write_partition)
@@ -248,6 +249,12 @@ class LogSink:
 
         ttl_s = self.config.job_ttl_s if older_than_s is None else older_than_s
         return self._run(lambda bk: cleanup(bk, ttl_s, self.config))
+
+
+def _register(spark: Any) -> None:
+    from .datasource import register
+
+    register(spark)
 
 
 def write_to_log(
