@@ -265,15 +265,18 @@ class BookKeeper:
         ledger_ids: Sequence[int],
         *,
         properties: Mapping[str, str | None] | None = None,
+        expected_properties: Mapping[str, str | None] | None = None,
     ) -> range:
         """Append closed ledgers in one compare-and-swap, as a writer taking the log over;
         the offsets they got (:meth:`Logs.append_ledgers_to_log`).
 
         Raises:
             NoSuchLogError, NoSuchLedgerError, IncorrectParameterError, UnauthorizedError,
-            LogFencedError.
+            LogFencedError, LogPropertyConflictError.
         """
-        return await self.logs.append_ledgers_to_log(name, ledger_ids, properties=properties)
+        return await self.logs.append_ledgers_to_log(
+            name, ledger_ids, properties=properties, expected_properties=expected_properties
+        )
 
 
 __all__ = ["BookKeeper"]
