@@ -16,6 +16,7 @@ from bookkeeper_aio import (
     IncorrectParameterError,
     LogExistsError,
     LogFencedError,
+    LogPropertyConflictError,
     LogTruncatedError,
     NoSuchLedgerError,
     NoSuchLogError,
@@ -384,6 +385,40 @@ def test_appending_ledgers_commits_them_in_one_step_as_a_writer(cluster: Any) ->
             await bk.append_ledgers_to_log("t", [12345])
         with pytest.raises(IncorrectParameterError, match="distinct"):
             await bk.append_ledgers_to_log("t", [1, 1])
+        for client in (bk, live):
+            await close_client(client)
+
+    cluster(scenario)
+
+
+def test_an_append_on_condition_lands_only_if_the_properties_hold(cluster: Any) -> None:
+    async def scenario(world: World) -> None:
+        bk = world.client("job")
+        await bk.create_log("t")
+        live = world.client("live")
+        lw = live.open_log_writer("t")
+        await lw.open()
+
+        async def ledger(tag: str) -> int:
+            w = await bk.create_ledger(3, 3, 2)
+            await w.append(tag.encode())
+            await w.close()
+            return w.ledger_id
+
+        first, second = await ledger("a"), await ledger("b")
+        with pytest.raises(LogPropertyConflictError, match="None, not '1'"):
+            await bk.append_ledgers_to_log("t", [first], expected_properties={"q": "1"})
+        await lw.append(b"still writing")  # refused before the takeover: not fenced
+        got = await bk.append_ledgers_to_log(
+            "t", [first], properties={"q": "1"}, expected_properties={"q": None}
+        )
+        assert got == range(1, 2)
+        with pytest.raises(LogPropertyConflictError):
+            await bk.append_ledgers_to_log(
+                "t", [second], properties={"q": "1"}, expected_properties={"q": None}
+            )
+        info = await bk.log_info("t")
+        assert info.next_offset == 2 and info.metadata.properties == {"q": "1"}
         for client in (bk, live):
             await close_client(client)
 
