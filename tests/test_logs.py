@@ -5,8 +5,7 @@ appending ledgers, and bad input. The real-process test is tests/test_logs_proce
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -24,36 +23,16 @@ from bookkeeper_aio import (
 )
 from bookkeeper_aio.logs import LOG_TAG
 from bookkeeper_aio.metadata.model import LedgerState
-from bookkeeper_aio.sim.loop import VirtualTimeLoop
-from bookkeeper_aio.sim.runner import _teardown, quiet_logging
-from bookkeeper_aio.sim.world import CLIENT_CONFIG, Faults, World, close_client
+from bookkeeper_aio.sim.world import CLIENT_CONFIG, World, close_client
 
-Scenario = Callable[[World], Awaitable[Any]]
+from .simulated import Scenario, simulated_cluster
 
 
 @pytest.fixture
 def cluster() -> Iterator[Callable[[Scenario], Any]]:
     """``cluster(scenario)`` runs ``scenario(world)`` on 4 simulated bookies (bounded)."""
-    logger = logging.getLogger("bookkeeper_aio")
-    level = logger.level
-    quiet_logging()
-    loop = VirtualTimeLoop()
-    world = World(seed=26, faults=Faults())
-
-    def run(scenario: Scenario) -> Any:
-        async def bounded() -> Any:
-            async with asyncio.timeout(300):
-                for _ in range(4):
-                    await world.add_bookie().start()
-                return await scenario(world)
-
-        return loop.run_until_complete(bounded())
-
-    try:
+    with simulated_cluster(seed=26) as run:
         yield run
-    finally:
-        _teardown(loop, world)
-        logger.setLevel(level)
 
 
 async def _write(lw: Any, payloads: list[bytes]) -> list[int]:

@@ -6,9 +6,8 @@ tests/test_spark_e2e.py."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,9 +15,7 @@ import pytest
 from bookkeeper_aio import BookKeeper, LogFencedError, NoSuchLogError
 from bookkeeper_aio.config import SparkConfig
 from bookkeeper_aio.errors import OperationTimeoutError, SparkJobError
-from bookkeeper_aio.sim.loop import VirtualTimeLoop
-from bookkeeper_aio.sim.runner import _teardown, quiet_logging
-from bookkeeper_aio.sim.world import Faults, World
+from bookkeeper_aio.sim.world import World
 from bookkeeper_aio.spark import admin
 from bookkeeper_aio.spark.attempt import AttemptWriter
 from bookkeeper_aio.spark.commit import abort_job, commit_job, open_job
@@ -31,33 +28,16 @@ from bookkeeper_aio.spark.model import (
 )
 from bookkeeper_aio.spark.records import create_record
 
-Scenario = Callable[[World], Awaitable[Any]]
+from .simulated import Scenario, simulated_cluster
+
 CONFIG = SparkConfig()
 
 
 @pytest.fixture
 def cluster() -> Iterator[Callable[[Scenario], Any]]:
     """``cluster(scenario)`` runs ``scenario(world)`` on 4 simulated bookies (bounded)."""
-    logger = logging.getLogger("bookkeeper_aio")
-    level = logger.level
-    quiet_logging()
-    loop = VirtualTimeLoop()
-    world = World(seed=27, faults=Faults())
-
-    def run(scenario: Scenario) -> Any:
-        async def bounded() -> Any:
-            async with asyncio.timeout(300):
-                for _ in range(4):
-                    await world.add_bookie().start()
-                return await scenario(world)
-
-        return loop.run_until_complete(bounded())
-
-    try:
+    with simulated_cluster(seed=27) as run:
         yield run
-    finally:
-        _teardown(loop, world)
-        logger.setLevel(level)
 
 
 def rows(partition: int, n: int, tag: str = "r") -> list[bytes]:
@@ -284,12 +264,8 @@ def test_a_commit_through_a_failing_metadata_store_lands_once_or_not_at_all(seed
     steps): whatever the commit reports, once the store is calm and the job is settled
     (abort-spark-job), the log holds the job's rows once (committed) or not at all, and no
     ledger or record is left."""
-    logging.getLogger("bookkeeper_aio").setLevel(logging.CRITICAL + 1)
-    loop, world = VirtualTimeLoop(), World(seed=seed, faults=Faults())
 
-    async def scenario() -> tuple[str, list[bytes]]:
-        for _ in range(4):
-            await world.add_bookie().start()
+    async def scenario(world: World) -> tuple[str, list[bytes]]:
         bk = world.client("driver")
         await bk.create_log("orders")
         job = await open_job(bk, "orders", partitions=3)
@@ -310,18 +286,13 @@ def test_a_commit_through_a_failing_metadata_store_lands_once_or_not_at_all(seed
         except Exception as exc:
             outcome = type(exc).__name__
         world.calm()
-        try:
-            await abort_job(bk, job.job_id, CONFIG)  # settles whatever is left
-        except SparkJobError:
-            pass  # nothing left of the job
+        await abort_job(bk, job.job_id, CONFIG)  # settles whatever is left (none: no-op)
         records = await log_records(bk, "orders")
         await assert_nothing_left(bk)
         return outcome, records
 
-    try:
-        outcome, records = loop.run_until_complete(asyncio.wait_for(scenario(), 600))
-    finally:
-        _teardown(loop, world)
+    with simulated_cluster(seed) as run:
+        outcome, records = run(scenario)
     expected = rows(0, 20) + rows(1, 20) + rows(2, 20)
     assert records in ([], expected), outcome
     if outcome == "committed":

@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 
 from ..errors import MetadataUnavailableError, MetadataVersionError, SparkJobError
 from ..metadata.model import Versioned
-from ..metadata.store import MetadataStore
+from ..metadata.store import MetadataStore, update_key
 from .model import (
     ATTEMPTS_PREFIX,
     JOBS_PREFIX,
@@ -69,33 +69,24 @@ async def update_record(
     retries_max: int,
     current: Versioned[R] | None = None,
 ) -> Versioned[R]:
-    """Read-transform-CAS until it sticks; return what is stored now. ``transform`` returns
-    the new record, or None (or an equal one) to leave it; it may raise to give up.
+    """Read-transform-CAS until it sticks (``metadata.store.update_key``); return what is
+    stored now. ``transform`` returns the new record, or None (or an equal one) to leave it;
+    it may raise to give up.
 
     Raises:
         SparkJobError: the record is gone (its job was committed, aborted or cleaned up).
         MetadataVersionError: still conflicting after ``retries_max`` attempts.
     """
-    for _ in range(retries_max):
-        if current is None:
-            current = await read_record(store, key, decode)
-            if current is None:
-                raise SparkJobError(f"{key} is gone: its job was committed or aborted")
-        new = transform(current.value)
-        if new is None or new == current.value:
-            return current
-        data = new.to_json_bytes()
-        try:
-            stored = await store.put(key, data, expected_version=current.version)
-            return Versioned(new, stored.version)
-        except MetadataVersionError:
-            current = None
-        except MetadataUnavailableError:
-            found = await store.get(key)
-            if found is not None and found.value == data:
-                return Versioned(new, found.version)
-            current = None
-    raise MetadataVersionError(f"{key}: {retries_max} conflicting updates")
+
+    def decoded(stored: Versioned[bytes] | None) -> Versioned[R]:
+        if stored is None:
+            raise SparkJobError(f"{key} is gone: its job was committed or aborted")
+        return Versioned(decode(stored.value), stored.version)
+
+    def encode(record: R) -> bytes:
+        return record.to_json_bytes()
+
+    return await update_key(store, key, decoded, encode, transform, retries_max, current)
 
 
 async def read_job(store: MetadataStore, job_id: str) -> Versioned[JobRecord] | None:
