@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", default=f"orders-{uuid.uuid4().hex[:6]}")
     parser.add_argument("--master", help="a Spark master (default: spark-submit's, or local)")
     args = parser.parse_args(argv)
-    spark = session(args.master)
+    running = SparkSession.getActiveSession()  # called from code that has a session: use it
+    spark = running or session(args.master)
     try:
         # Job 1: clean and write. Each order becomes one record (JSON), exactly once: a task
         # that fails and is retried, or a speculative copy, never adds a duplicate.
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"read {total} orders back from {back.rdd.getNumPartitions()} partitions")
         return 0 if total == summary.rows else 1
     finally:
-        spark.stop()
+        if running is None:
+            spark.stop()
 
 
 if __name__ == "__main__":

@@ -8,11 +8,13 @@ whole module (a session starts in 4-15 s on this machine)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -347,3 +349,16 @@ def test_the_benchmark_measures_the_sink_the_source_and_the_commit(spark, cluste
     assert phases["sink_rows_per_s"] > 0 and phases["source_rows_per_s"] > 0
     assert set(phases["commit_ms_p50_by_partitions"]) == {"1", "4", "16"}
     assert all(ms > 0 for ms in phases["commit_ms_p50_by_partitions"].values())
+
+
+def test_the_example_pipeline_writes_and_aggregates(spark, cluster_uri):
+    """examples/spark_pipeline.py, in this module's session (on its own it starts one)."""
+    path = Path(__file__).parent.parent / "examples" / "spark_pipeline.py"
+    spec = importlib.util.spec_from_file_location("spark_pipeline", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    log = f"example-{uuid.uuid4().hex[:6]}"
+    assert example.main([cluster_uri, "--count", "2000", "--log", log]) == 0
+    info = bk_run(cluster_uri, lambda bk: bk.log_info(log))
+    assert info.next_offset == sum(1 for i in range(2000) if i % 97 - 3 > 0)  # amount > 0
