@@ -6,7 +6,8 @@ bookie, no client), journal (one bookie with and without the journal), overload 
 bookie memory when writers push faster than the bookies sync), floor (one add through minimal
 servers with the same I/O and network: this machine's floor), log (log appends with
 rollovers against plain ledger writes), kafka (aiokafka's producer through the Kafka gateway
-against direct log appends), all.
+against direct log appends), spark (the Spark sink and source against the client, and the
+commit's cost), all.
 """
 
 from __future__ import annotations
@@ -20,7 +21,20 @@ from typing import Any
 
 import uvloop
 
-from . import bookie, floor, journal, kafka, logs, overload, reads, recovery, suite, tail, writes
+from . import (
+    bookie,
+    floor,
+    journal,
+    kafka,
+    logs,
+    overload,
+    reads,
+    recovery,
+    spark,
+    suite,
+    tail,
+    writes,
+)
 from .cluster import ClusterStartError
 
 MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]] = {
@@ -34,6 +48,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
     "overload": (overload, overload.run_overload, "writers faster than the bookies: RSS"),
     "log": (logs, logs.run_log, "log appends with rollovers vs plain ledger writes"),
     "kafka": (kafka, kafka.run_kafka, "aiokafka through the Kafka gateway vs direct log appends"),
+    "spark": (spark, spark.run_spark, "rows/s through the Spark sink and source; commit cost"),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
 }
 

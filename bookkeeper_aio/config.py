@@ -386,3 +386,29 @@ class KafkaConfig(_Config):
     def advertised_address(self) -> str:
         """The address clients are told to connect to."""
         return self.kafka_advertised_address or self.kafka_listen
+
+
+@dataclass(frozen=True)
+class SparkConfig(_Config):
+    """Limits and timeouts of the Spark pipeline (``bookkeeper_aio.spark``, docs/spark.md).
+
+    The data source takes any of these as an option of the same name (strings are parsed).
+    """
+
+    # Sink: rows go from Spark's thread to the client's event loop in chunks.
+    write_chunk_rows_max: int = 2_000
+    write_chunk_bytes_max: int = 4 * MiB
+    # Source: a read task covers at most this many entries of one ledger (more ledgers or
+    # longer ones: more tasks); it reads them in requests of read_batch_entries_max.
+    partition_entries_max: int = 100_000
+    read_batch_entries_max: int = 1_000
+    # One call from a Spark thread into the client's loop (a chunk, a commit, a read batch).
+    step_timeout_s: float = 300.0
+    # A commit that lost the log to another writer (LogFencedError) tries again this often.
+    commit_attempts_max: int = 5
+    # cleanup(): unfinished jobs and untracked job ledgers older than this are removed.
+    job_ttl_s: float = 3_600.0
+    # Metadata reads and ledger deletes a sweep keeps in flight at once.
+    sweep_parallel_max: int = 32
+    # The attempt records one job may hold (a runaway job is refused, not listed forever).
+    job_attempts_max: int = 100_000

@@ -311,3 +311,25 @@ class LogTruncatedError(IncorrectParameterError):
     def __init__(self, message: str = "", *, start_offset: int = 0) -> None:
         super().__init__(message)
         self.start_offset = start_offset
+
+
+class LogPropertyConflictError(BookKeeperError):
+    """A log's property does not hold the value a conditional change expected (another
+    writer changed it first, e.g. a stream batch committed by another run)."""
+
+    code = -103
+
+
+# --- Spark pipeline (bookkeeper_aio/spark, docs/spark.md) ---------------------------------
+
+
+class SparkJobError(BookKeeperError):
+    """A Spark job's write cannot go on: the job is no longer open (committed, aborted or
+    cleaned up), or what its tasks recorded does not make a whole job."""
+
+    code = -102
+
+
+class SparkInputError(IncorrectParameterError):
+    """A DataFrame or row the sink cannot write: no ``value`` column, a value that is neither
+    binary nor a string, or a null value (the message names the partition and row index)."""

@@ -5,8 +5,7 @@ appending ledgers, and bad input. The real-process test is tests/test_logs_proce
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from bookkeeper_aio import (
     IncorrectParameterError,
     LogExistsError,
     LogFencedError,
+    LogPropertyConflictError,
     LogTruncatedError,
     NoSuchLedgerError,
     NoSuchLogError,
@@ -23,36 +23,16 @@ from bookkeeper_aio import (
 )
 from bookkeeper_aio.logs import LOG_TAG
 from bookkeeper_aio.metadata.model import LedgerState
-from bookkeeper_aio.sim.loop import VirtualTimeLoop
-from bookkeeper_aio.sim.runner import _teardown, quiet_logging
-from bookkeeper_aio.sim.world import CLIENT_CONFIG, Faults, World, close_client
+from bookkeeper_aio.sim.world import CLIENT_CONFIG, World, close_client
 
-Scenario = Callable[[World], Awaitable[Any]]
+from .simulated import Scenario, simulated_cluster
 
 
 @pytest.fixture
 def cluster() -> Iterator[Callable[[Scenario], Any]]:
     """``cluster(scenario)`` runs ``scenario(world)`` on 4 simulated bookies (bounded)."""
-    logger = logging.getLogger("bookkeeper_aio")
-    level = logger.level
-    quiet_logging()
-    loop = VirtualTimeLoop()
-    world = World(seed=26, faults=Faults())
-
-    def run(scenario: Scenario) -> Any:
-        async def bounded() -> Any:
-            async with asyncio.timeout(300):
-                for _ in range(4):
-                    await world.add_bookie().start()
-                return await scenario(world)
-
-        return loop.run_until_complete(bounded())
-
-    try:
+    with simulated_cluster(seed=26) as run:
         yield run
-    finally:
-        _teardown(loop, world)
-        logger.setLevel(level)
 
 
 async def _write(lw: Any, payloads: list[bytes]) -> list[int]:
@@ -384,6 +364,40 @@ def test_appending_ledgers_commits_them_in_one_step_as_a_writer(cluster: Any) ->
             await bk.append_ledgers_to_log("t", [12345])
         with pytest.raises(IncorrectParameterError, match="distinct"):
             await bk.append_ledgers_to_log("t", [1, 1])
+        for client in (bk, live):
+            await close_client(client)
+
+    cluster(scenario)
+
+
+def test_an_append_on_condition_lands_only_if_the_properties_hold(cluster: Any) -> None:
+    async def scenario(world: World) -> None:
+        bk = world.client("job")
+        await bk.create_log("t")
+        live = world.client("live")
+        lw = live.open_log_writer("t")
+        await lw.open()
+
+        async def ledger(tag: str) -> int:
+            w = await bk.create_ledger(3, 3, 2)
+            await w.append(tag.encode())
+            await w.close()
+            return w.ledger_id
+
+        first, second = await ledger("a"), await ledger("b")
+        with pytest.raises(LogPropertyConflictError, match="None, not '1'"):
+            await bk.append_ledgers_to_log("t", [first], expected_properties={"q": "1"})
+        await lw.append(b"still writing")  # refused before the takeover: not fenced
+        got = await bk.append_ledgers_to_log(
+            "t", [first], properties={"q": "1"}, expected_properties={"q": None}
+        )
+        assert got == range(1, 2)
+        with pytest.raises(LogPropertyConflictError):
+            await bk.append_ledgers_to_log(
+                "t", [second], properties={"q": "1"}, expected_properties={"q": None}
+            )
+        info = await bk.log_info("t")
+        assert info.next_offset == 2 and info.metadata.properties == {"q": "1"}
         for client in (bk, live):
             await close_client(client)
 

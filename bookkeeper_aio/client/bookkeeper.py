@@ -110,6 +110,8 @@ class BookKeeper:
 
         versioned = await self.ctx.metadata.create_ledger(make)
         writer = LedgerWriter(self.ctx, versioned, master_key(password))
+        # Closed handles are dropped: a long-lived client (a Spark worker's) creates many.
+        self._writers = [w for w in self._writers if not w._closed]
         self._writers.append(writer)
         return writer
 
@@ -263,15 +265,18 @@ class BookKeeper:
         ledger_ids: Sequence[int],
         *,
         properties: Mapping[str, str | None] | None = None,
+        expected_properties: Mapping[str, str | None] | None = None,
     ) -> range:
         """Append closed ledgers in one compare-and-swap, as a writer taking the log over;
         the offsets they got (:meth:`Logs.append_ledgers_to_log`).
 
         Raises:
             NoSuchLogError, NoSuchLedgerError, IncorrectParameterError, UnauthorizedError,
-            LogFencedError.
+            LogFencedError, LogPropertyConflictError.
         """
-        return await self.logs.append_ledgers_to_log(name, ledger_ids, properties=properties)
+        return await self.logs.append_ledgers_to_log(
+            name, ledger_ids, properties=properties, expected_properties=expected_properties
+        )
 
 
 __all__ = ["BookKeeper"]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from ..errors import (
     IncorrectParameterError,
     LogExistsError,
+    LogPropertyConflictError,
     MetadataVersionError,
     NoSuchLedgerError,
     NoSuchLogError,
@@ -221,21 +222,27 @@ async def append_ledgers(
     name: str,
     ledger_ids: Sequence[int],
     properties: Mapping[str, str | None] | None,
+    expected_properties: Mapping[str, str | None] | None = None,
 ) -> range:
     """See :meth:`Logs.append_ledgers_to_log`."""
     if not isinstance(ledger_ids, Sequence) or len(set(ledger_ids)) != len(ledger_ids):
         raise IncorrectParameterError(f"ledger_ids: a sequence of distinct ids, not {ledger_ids}")
-    for key, value in (properties or {}).items():
-        if not isinstance(key, str) or not (value is None or isinstance(value, str)):
-            raise IncorrectParameterError("properties map str keys to str values (or None)")
-    done = _appended_already(await read_log(logs.store, name), ledger_ids)
+    for mapping in (properties or {}, expected_properties or {}):
+        for key, value in mapping.items():
+            if not isinstance(key, str) or not (value is None or isinstance(value, str)):
+                raise IncorrectParameterError("properties map str keys to str values (or None)")
+    current = await read_log(logs.store, name)
+    done = _appended_already(current, ledger_ids)
     if done is not None:
         return done  # a retry of a commit whose reply was lost: nothing to do
+    _check_properties(current.value, expected_properties)  # before fencing anyone for nothing
     ledgers = [await _closed_ledger(logs, name, ledger_id) for ledger_id in ledger_ids]
     writer = f"{logs.config.client_name}-append-{uuid.UUID(int=logs.ctx.rng.getrandbits(128))}"
     try:
         async with asyncio.timeout(logs.config.log_open_timeout_s):
-            versioned = await _take_over_and_append(logs, name, writer, ledgers, properties)
+            versioned = await _take_over_and_append(
+                logs, name, writer, ledgers, properties, expected_properties
+            )
     except TimeoutError:
         raise OperationTimeoutError(
             f"log {name}: appending {list(ledger_ids)} did not finish within "
@@ -255,8 +262,10 @@ async def _take_over_and_append(
     writer: str,
     ledgers: list[tuple[int, int, int | None]],
     properties: Mapping[str, str | None] | None,
+    expected_properties: Mapping[str, str | None] | None,
 ) -> Versioned[LogMetadata]:
-    """The takeover, then the one compare-and-swap that appends ``ledgers``."""
+    """The takeover, then the one compare-and-swap that appends ``ledgers`` (and sets
+    ``properties``, if ``expected_properties`` hold then)."""
     ledger_ids = {ledger_id for ledger_id, _, _ in ledgers}
     takeover = await take_over(logs, name, writer)
     now_ms = logs.clock_ms()
@@ -265,6 +274,7 @@ async def _take_over_and_append(
         known = {*md.ledger_ids, *md.trash, md.prepared_ledger_id}
         if known & ledger_ids:
             raise IncorrectParameterError(f"log {name}: a ledger of {ledger_ids} is in it already")
+        _check_properties(md, expected_properties)
         sealed = takeover.seal(md, now_ms)
         return sealed.with_ledgers_appended(takeover.epoch, ledgers, now_ms).with_properties(
             properties or {}
@@ -272,6 +282,15 @@ async def _take_over_and_append(
 
     retries = logs.config.metadata_retries_max
     return await update_log(logs.store, name, appended, retries, current=takeover.versioned)
+
+
+def _check_properties(md: LogMetadata, expected: Mapping[str, str | None] | None) -> None:
+    """Raises LogPropertyConflictError unless each expected property holds (None: absent)."""
+    for key, value in (expected or {}).items():
+        if md.properties.get(key) != value:
+            raise LogPropertyConflictError(
+                f"log {md.name}: property {key} is {md.properties.get(key)!r}, not {value!r}"
+            )
 
 
 def _appended_already(versioned: Versioned[LogMetadata], ledger_ids: Sequence[int]) -> range | None:

@@ -224,11 +224,13 @@ class Logs:
         ledger_ids: Sequence[int],
         *,
         properties: Mapping[str, str | None] | None = None,
+        expected_properties: Mapping[str, str | None] | None = None,
     ) -> range:
         """Append closed ledgers written elsewhere (empty password, not tagged for another
         log) to the log in one compare-and-swap, as a writer: the log is taken over first
         (a live writer gets LogFencedError; its open ledger is recovered). ``properties``
-        are set in the same compare-and-swap (None removes one). Returns the offsets the
+        are set in the same compare-and-swap (None removes one), on condition that the
+        ``expected_properties`` hold (None: absent) at that moment. Returns the offsets the
         ledgers' entries got, in order. Idempotent: when the log holds exactly these ledgers
         already (a retry after a lost reply), it returns their offsets and changes nothing.
 
@@ -238,9 +240,10 @@ class Logs:
                 belongs to another log; duplicate ids.
             UnauthorizedError: a ledger has a password.
             LogFencedError: another writer took over during the commit (nothing appended).
+            LogPropertyConflictError: an expected property does not hold (nothing appended).
         """
         check_name(name)
-        return await admin.append_ledgers(self, name, ledger_ids, properties)
+        return await admin.append_ledgers(self, name, ledger_ids, properties, expected_properties)
 
     def statistics(self) -> dict[str, Any]:
         """Open writers and readers."""

@@ -1,4 +1,4 @@
-"""A log's key in the metadata store: reading it and the one compare-and-swap loop.
+"""A log's key in the metadata store: reading it and its compare-and-swap loop.
 
 Theory of operation
 -------------------
@@ -7,7 +7,8 @@ transform of :mod:`~bookkeeper_aio.logs.model`, write the result at the version 
 lost race apply the transform again to the winner (a transform raises to give up, say
 :class:`~bookkeeper_aio.errors.LogFencedError` when the epoch moved). A reply lost after the
 write landed (the store says "unavailable") is told apart by reading the key back: if it holds
-exactly what we wrote, the write happened.
+exactly what we wrote, the write happened. The loop is the store's one for keys
+(``metadata.store.update_key``), with the log's decoding.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..errors import (
     NoSuchLogError,
 )
 from ..metadata.model import Versioned
-from ..metadata.store import MetadataStore
+from ..metadata.store import MetadataStore, update_key
 from .model import LogMetadata
 from .options import log_key
 
@@ -78,27 +79,14 @@ async def update_log(
         MetadataVersionError: still conflicting after ``retries_max`` attempts.
         whatever ``transform`` raises.
     """
-    key = log_key(name)
-    for _ in range(retries_max):
-        if current is None:
-            current = await read_log(store, name, deleting_ok=deleting_ok)
-        new = transform(current.value)
-        if new is None or new == current.value:
-            return current
-        data = new.to_json_bytes()
-        try:
-            stored = await store.put(key, data, expected_version=current.version)
-            return Versioned(new, stored.version)
-        except MetadataVersionError as exc:
-            current = decode(name, exc.current, deleting_ok=deleting_ok)  # type: ignore[arg-type]
-        except MetadataUnavailableError:
-            # The write may have landed and only its reply been lost: look (this read may
-            # fail too, and then the caller sees the store is unavailable).
-            found = await store.get(key)
-            if found is not None and found.value == data:
-                return Versioned(new, found.version)
-            current = decode(name, found, deleting_ok=deleting_ok)
-    raise MetadataVersionError(f"log {name}: {retries_max} conflicting updates")
+
+    def decoded(stored: Versioned[bytes] | None) -> Versioned[LogMetadata]:
+        return decode(name, stored, deleting_ok=deleting_ok)
+
+    def encode(md: LogMetadata) -> bytes:
+        return md.to_json_bytes()
+
+    return await update_key(store, log_key(name), decoded, encode, transform, retries_max, current)
 
 
 async def create_key(store: MetadataStore, key: str, data: bytes) -> bool:

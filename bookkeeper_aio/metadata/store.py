@@ -36,19 +36,22 @@ import random
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 from ..config import MetadataConfig, parse_address
 from ..errors import (
     ConfigError,
     IncorrectParameterError,
     MetadataFormatError,
+    MetadataUnavailableError,
     MetadataVersionError,
     NoSuchLedgerError,
 )
 from .lease import Lease
 from .model import LedgerMetadata, Versioned
 from .registration import BookieInfo, BookieRegistration
+
+T = TypeVar("T")
 
 __all__ = [
     "BookieInfo",
@@ -58,6 +61,7 @@ __all__ = [
     "MetadataUri",
     "open_metadata_store",
     "parse_metadata_uri",
+    "update_key",
     "update_ledger",
 ]
 
@@ -257,6 +261,48 @@ async def update_ledger(
         except MetadataVersionError as exc:
             current = exc.current if isinstance(exc.current, Versioned) else None
     raise MetadataVersionError(f"ledger {ledger_id}: {retries_max} conflicting updates")
+
+
+async def update_key(
+    store: MetadataStore,
+    key: str,
+    decode: Callable[[Versioned[bytes] | None], Versioned[T]],
+    encode: Callable[[T], bytes],
+    transform: Callable[[T], T | None],
+    retries_max: int,
+    current: Versioned[T] | None = None,
+) -> Versioned[T]:
+    """The compare-and-swap loop of a key (what logs and Spark jobs keep): read, transform,
+    write at the version read, and on a lost race transform the winner; return what is stored
+    now. ``decode`` turns what the store holds (None: absent) into a value or raises;
+    ``transform`` returns the new value, or None (or an equal one) to leave it, or raises to
+    give up. A write whose reply was lost is told apart by reading the key back: if it holds
+    exactly what was written, the write happened.
+
+    Raises:
+        MetadataVersionError: still conflicting after ``retries_max`` attempts.
+        whatever ``decode`` or ``transform`` raise.
+    """
+    for _ in range(retries_max):
+        if current is None:
+            current = decode(await store.get(key))
+        new = transform(current.value)
+        if new is None or new == current.value:
+            return current
+        data = encode(new)
+        try:
+            stored = await store.put(key, data, expected_version=current.version)
+            return Versioned(new, stored.version)
+        except MetadataVersionError as exc:
+            current = decode(exc.current)  # type: ignore[arg-type]
+        except MetadataUnavailableError:
+            # The write may have landed and only its reply been lost: look (this read may
+            # fail too, and then the caller sees the store is unavailable).
+            found = await store.get(key)
+            if found is not None and found.value == data:
+                return Versioned(new, found.version)
+            current = decode(found)
+    raise MetadataVersionError(f"{key}: {retries_max} conflicting updates")
 
 
 # --- helpers shared by the implementations ----------------------------------------------

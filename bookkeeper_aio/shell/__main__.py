@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import BookKeeperError, ConfigError
 from ..kafka.errors import KafkaError
-from . import cluster, logs
+from . import cluster, logs, spark
 from .sanity import bookie_sanity
 
 
@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     sanity.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
     sanity.set_defaults(run=_run_sanity)
     _kafka_commands(commands)
+    spark.add_commands(commands)
     return parser
 
 
