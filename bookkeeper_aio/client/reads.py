@@ -50,6 +50,19 @@ async def request(ctx: ClientContext, bookie: str, msg_type: type, *fields: Any,
         return exc
 
 
+async def read_copy(
+    ctx: ClientContext, ledger_id: int, entry_id: int, sources: list[str]
+) -> ReadResponse | None:
+    """A digest-verified copy of the entry from the first of ``sources`` that has one, asked
+    one after the other; None if none has. What every copier uses (the bookie's BP-46 repair,
+    autorecovery)."""
+    for bookie in sources:
+        response = await request(ctx, bookie, ReadRequest, ledger_id, entry_id, 0, None, -1, 0)
+        if entry_ok(ledger_id, response):
+            return response
+    return None
+
+
 def replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
     """The bookies holding ``entry_id``, in write-set order."""
     ensemble = md.ensemble_at(entry_id)
@@ -120,4 +133,12 @@ async def long_poll(
     return previous_lac, None
 
 
-__all__ = ["READ_FLAG_FENCE", "entry_ok", "long_poll", "proof_lac", "read_entry", "replicas"]
+__all__ = [
+    "READ_FLAG_FENCE",
+    "entry_ok",
+    "long_poll",
+    "proof_lac",
+    "read_copy",
+    "read_entry",
+    "replicas",
+]
