@@ -169,8 +169,6 @@ class AutorecoverySettings(_Config):
     audit_ledgers_in_flight_max: int = 16  # ledgers checked at once by an audit
     replication_lock_ttl_s: int = 10  # a dead worker's lock on a mark expires after this
     replication_retry_backoff_s: float = 5.0  # a mark that failed waits this long first
-    # Racks each write set should span when a replacement is chosen (like the client's key).
-    min_racks_per_write_quorum: int = 1
 
     ZERO_ALLOWED: ClassVar[frozenset[str]] = frozenset(
         {"lost_bookie_recovery_delay_s", "open_ledger_rereplication_grace_s"}
@@ -180,10 +178,6 @@ class AutorecoverySettings(_Config):
         super().validate()
         if self.replication_workers < 0:
             raise ConfigError(f"replication_workers must be >= 0, got {self.replication_workers}")
-        if self.min_racks_per_write_quorum < 1:
-            raise ConfigError(
-                f"min_racks_per_write_quorum must be >= 1, got {self.min_racks_per_write_quorum}"
-            )
         if self.replication_lock_ttl_s < 2:
             raise ConfigError(
                 f"replication_lock_ttl_s must be >= 2, got {self.replication_lock_ttl_s}"

@@ -165,6 +165,9 @@ class Auditor:
         if bookie in self.registered:
             self.gone_since.pop(bookie, None)
             return
+        # Marks first: a failure in between retries both (marks merge); a lost record without
+        # its marks would leave ledgers short until the next periodic check.
+        marked = await mark_bookie(self.ctx, bookie, "lost", self.wall_ms())
         await state.declare_lost(
             self.store, bookie, f"gone for {self.config.lost_bookie_recovery_delay_s} s",
             self.incarnations.get(bookie, ""), self.wall_ms(),
@@ -172,8 +175,7 @@ class Auditor:
         self.gone_since.pop(bookie, None)
         self.lost[bookie] = gone_at
         self.counters["bookies_lost"] += 1
-        self.counters["ledgers_marked"] += await mark_bookie(self.ctx, bookie, "lost",
-                                                             self.wall_ms())  # fmt: skip
+        self.counters["ledgers_marked"] += marked
 
     # --- periodic check ---------------------------------------------------------------------
 

@@ -120,7 +120,8 @@ class ReplicationWorker:
         self.wall_ms = wall_ms
         self.rng = random.Random(ctx.rng.getrandbits(64))
         ignore = "replication-ignores-placement" in bugs  # simulator: placement ignored
-        self.policy = PlacementPolicy(1 if ignore else max(2, config.min_racks_per_write_quorum))
+        # Replacements always spread write sets over the most racks available (replacement.py)
+        self.policy = PlacementPolicy(1 if ignore else 2)
         self.limiter = RateLimiter(config.replication_rate_bytes_per_s)
         self.counters: Counter[str] = Counter()
         self.running: dict[int, asyncio.Task[None]] = {}

@@ -251,13 +251,25 @@ async def claim(
     store: MetadataStore, ledger_id: int, worker_id: str, lease: Lease, *, now_ms: int
 ) -> int | None:
     """Lock the ledger's mark for ``worker_id`` under ``lease``; the lock's version, or None
-    when another worker holds it."""
-    value = json.dumps({"worker": worker_id, "since_ms": now_ms}, sort_keys=True).encode()
+    when another worker holds it. A lock already under this very lease is ours (an earlier
+    claim whose reply was lost) and is taken as it is."""
+    doc = {"worker": worker_id, "since_ms": now_ms, "lease": lease.lease_id}
+    value = json.dumps(doc, sort_keys=True).encode()
     try:
         done = await store.put(lock_key(ledger_id), value, expected_version=0, lease=lease)
-    except MetadataVersionError:
+    except MetadataVersionError as exc:
+        held = exc.current
+        if isinstance(held, Versioned) and _lease_of(held.value) == lease.lease_id:
+            return held.version
         return None
     return done.version
+
+
+def _lease_of(value: bytes) -> int | None:
+    try:
+        return int(json.loads(value)["lease"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 async def release(store: MetadataStore, ledger_id: int, lock_version: int) -> None:

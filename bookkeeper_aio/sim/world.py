@@ -141,8 +141,8 @@ class World:
         rng = random.Random(self.rng.getrandbits(64))
         return MemoryMetadataStore(self.state, METADATA_CONFIG, rng=rng, faults=self._meta_faults)
 
-    def add_bookie(self) -> SimBookie:
-        bookie = SimBookie(self, len(self.bookies))
+    def add_bookie(self, rack: str | None = None) -> SimBookie:
+        bookie = SimBookie(self, len(self.bookies), rack)
         self.bookies.append(bookie)
         return bookie
 
@@ -181,8 +181,10 @@ async def close_client(bk: BookKeeper) -> None:
 class SimBookie:
     """One bookie node: its durable disk and the running incarnation, if any."""
 
-    def __init__(self, world: World, index: int) -> None:
+    def __init__(self, world: World, index: int, rack: str | None = None) -> None:
         self.world = world
+        self.rack = rack  # network location (autorecovery seeds place by rack)
+        self.lost = False  # lost for good: never restarted, its disk gone
         self.name = f"bookie-{index}"
         self.address = f"{self.name}:3181"
         self.disk = NodeDisk()
@@ -207,6 +209,7 @@ class SimBookie:
             handshake_timeout_s=2.0,
             shutdown_timeout_s=5.0,
             metadata_uri="memory://simulated",
+            rack=self.rack,
             journal_write_data=self.world.journal_write_data,
             data_integrity_check_interval_s=0.5,
         )
@@ -252,8 +255,18 @@ class SimBookie:
             await self.bookie.stop()
             self.bookie = self.storage = None
 
+    def lose(self) -> None:
+        """Lost for good (BP-31): the process dies and its disks are gone; never restarted."""
+        if self.up:
+            self.crash(power_loss=False)
+        self.lost = True
+        self.disk = NodeDisk()
+        self._after_crash = None
+
     def stored(self, ledger_id: int, entry_id: int) -> bytes | None:
         """God's view: the payload this bookie holds (or will hold after its restart)."""
+        if self.lost:
+            return None
         if self.storage is not None:
             record = self.storage.engine.get_entry(ledger_id, entry_id)
         else:
