@@ -138,6 +138,9 @@ class Mark:
     def bookies(self) -> list[str]:
         return [m.bookie for m in self.missing]
 
+    def names(self, bookie: str) -> bool:
+        return any(m.bookie == bookie for m in self.missing)
+
     def reasons(self) -> list[str]:
         return sorted({r for m in self.missing for r in m.reasons})
 
