@@ -135,8 +135,9 @@ class Bookie:
         self._server = await self.network.start_server(lambda: BookieConnection(self), cfg.listen)
         if self.metadata is not None:
             self._registration = await self.metadata.register_bookie(
-                cfg.bookie_id, cfg.bookie_id, cfg.rack, self.handler.read_only
-            )
+                cfg.bookie_id, cfg.bookie_id, cfg.rack, self.handler.read_only,
+                cookies.incarnation if cookies is not None else "",
+            )  # fmt: skip
         self._tasks = [
             asyncio.create_task(self._checkpoint_loop(), name="bookie-checkpoint"),
             asyncio.create_task(self._disk_loop(), name="bookie-disk-monitor"),
