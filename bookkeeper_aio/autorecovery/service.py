@@ -21,14 +21,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from ..client.bookie_client import BookiePool
 from ..client.context import ClientContext
-from ..config import AutorecoverySettings
+from ..client.placement import PlacementPolicy
+from ..config import AutorecoverySettings, ClientConfig
 from ..errors import BookKeeperError
 from ..metadata.lease import Lease
+from ..metadata.store import MetadataStore
+from ..net import Network
 from . import election, state
 from .auditor import Auditor
 from .worker import ReplicationWorker
@@ -59,6 +65,7 @@ class Autorecovery:
         self.auditor: Auditor | None = None
         self.counters: Counter[str] = Counter()
         self.lease: Lease | None = None
+        self.task: asyncio.Task[None] | None = None  # set by serve()
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -73,13 +80,20 @@ class Autorecovery:
     ) -> AsyncIterator[Autorecovery]:
         """Run in the background while the block runs; stop and free the seat on exit."""
         service = cls(ctx, config, process_id, wall_ms, bugs=bugs)
-        task = asyncio.create_task(service.run(), name=f"autorecovery-{process_id}")
+        task = service.task = asyncio.create_task(service.run(), name=f"autorecovery-{process_id}")
         try:
             yield service
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await service._revoke()
+
+    def abort(self) -> None:
+        """Stop at once, as kill -9 would: the lease is abandoned (it expires by itself)."""
+        if self.task is not None:
+            self.task.cancel()
+        if self.lease is not None:
+            self.lease.abandon()
 
     @property
     def is_auditor(self) -> bool:
@@ -154,3 +168,24 @@ class _LeaseLost(BookKeeperError):
 async def _until_lost(lease: Lease) -> None:
     await lease.lost.wait()
     raise _LeaseLost(f"lease {lease.lease_id:x} lost")
+
+
+@contextlib.asynccontextmanager
+async def in_bookie(
+    config: AutorecoverySettings,
+    store: MetadataStore,
+    network: Network,
+    process_id: str,
+    rng: random.Random,
+) -> AsyncIterator[Autorecovery]:
+    """A bookie's ``--autorecovery true``: the same service with its own bookie connections.
+    ``wall_ms`` is the wall clock (stamps for people only)."""
+    client_config = ClientConfig()
+    async with BookiePool(network, client_config, rng) as pool:
+        ctx = ClientContext(client_config, store, pool, rng, PlacementPolicy())
+        async with Autorecovery.serve(ctx, config, process_id, _wall_ms) as service:
+            yield service
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)  # stamps on marks for people; never used for decisions

@@ -27,6 +27,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ..config import BookieConfig, MetadataConfig
 from ..engine import Engine
@@ -81,6 +82,7 @@ class Bookie:
         self.metadata: MetadataStore | None = metadata
         self.instance_id: str | None = None
         self._registration: BookieRegistration | None = None
+        self.autorecovery: Any = None  # BP-31 --autorecovery: the in-process service
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -142,6 +144,12 @@ class Bookie:
             asyncio.create_task(self._checkpoint_loop(), name="bookie-checkpoint"),
             asyncio.create_task(self._disk_loop(), name="bookie-disk-monitor"),
         ]
+        if cfg.autorecovery and self.metadata is not None:
+            from ..autorecovery.service import in_bookie  # an optional part of the bookie
+
+            self.autorecovery = await self._exit_stack.enter_async_context(
+                in_bookie(cfg, self.metadata, self.network, cfg.bookie_id, self.rng)
+            )
         if self.integrity is not None:
             # With the journal, only a repair (wiped dir, limbo left over) needs checking: once.
             interval = 0.0 if cfg.journal_write_data else cfg.data_integrity_check_interval_s
@@ -268,6 +276,8 @@ class Bookie:
             task.cancel()
         if self._registration is not None:
             self._registration.abandon()
+        if self.autorecovery is not None:
+            self.autorecovery.abort()
         self.closed.set()
 
     async def stop(self) -> None:
@@ -329,4 +339,5 @@ class Bookie:
             "handler": self.handler.statistics(),
             "journal": self._journal.statistics() if self._journal else {},
             "integrity": self.integrity.statistics() if self.integrity else {},
+            "autorecovery": self.autorecovery.statistics() if self.autorecovery else {},
         }
