@@ -336,6 +336,9 @@ class ClientConfig(_Config):
     log_read_retries_max: int = 10  # failed reads of one batch before a log reader raises
     log_open_timeout_s: float = 60.0  # a writer's takeover: epoch, recovery, first ledger
     log_rollover_timeout_s: float = 30.0  # a rollover: drain, close, compare-and-swap
+    # BP-31: writers and readers mark a ledger under-replicated when they see a copy missing
+    # (a bookie failed after the entry reached AQ; a replica's error or bad digest).
+    mark_short_copies: bool = True
 
     def validate(self) -> None:
         super().validate()

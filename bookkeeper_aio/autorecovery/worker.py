@@ -17,8 +17,9 @@ process's lease (a dead worker's locks expire with its lease). For one ledger (a
    replacements from the placement policy (replacement.py), recorded in the mark's plan, copied
    (copier.py: from good replicas, digest verified, recovery adds, rate-limited), then the
    fragment's ensemble is swapped by compare-and-swap.
-5. **Fill in place** what live bookies lack (an add that failed after AQ, a bad copy a reader
-   saw, a bookie formatted again): copies to the same bookie, no metadata change.
+5. **Fill in place** what live bookies lack (an add that failed after AQ, a bookie formatted
+   again), and rewrite the entries a mark names on a live bookie whose copy reads back bad
+   (a reader's report): copies to the same bookie, no metadata change.
 6. **Verify** with a second check; only a complete one deletes the mark, and only at the
    version read, so a report merged meanwhile keeps it for another round.
 
@@ -41,6 +42,7 @@ from typing import Any
 
 from ..client.context import ClientContext
 from ..client.placement import PlacementPolicy
+from ..client.reads import read_copy
 from ..client.recovery import recover
 from ..config import AutorecoverySettings
 from ..errors import BookKeeperError, MetadataUnavailableError, NoSuchLedgerError
@@ -55,6 +57,7 @@ from ..metadata.underreplication import (
     mark_done,
     read_mark,
     release,
+    to_ranges,
     update_mark,
 )
 from . import fragments as fr
@@ -257,6 +260,7 @@ class ReplicationWorker:
             job.failing = {r.bookie for r in check.rows if r.status == "error"}
             await self._replace(job, md, check, view)
             await self._fill_in_place(job, md, check, view)
+            await self._repair_named(job, md, view)
             if await self._verified(job) and await self._done(job):
                 return
         raise ReplicationError(f"ledger {lid}: still under-replicated after {ROUNDS_MAX} rounds")
@@ -348,6 +352,29 @@ class ReplicationWorker:
                 await self._copy(job, md, by_fragment[r.first], r.bookie, r.missing, view)
                 self.counters["entries_filled_in_place"] += fr.count(r.missing)
 
+    async def _repair_named(self, job: _Job, md: LedgerMetadata, view: ClusterView) -> None:
+        """Entries a mark names on a live bookie (a reader saw an error or a corrupt copy)
+        are read back from it; a copy that is not good is written again (BP-31: repair in
+        the read path). Listing alone would count a corrupt copy as present."""
+        for m in job.mark.value.missing:
+            if not m.entries or m.bookie not in view.registered or m.bookie in view.unusable:
+                continue
+            for f in fr.fragments(md):
+                if f.last is None or m.bookie not in f.ensemble:
+                    continue
+                index = f.ensemble.index(m.bookie)
+                runs = fr.normalize(
+                    fr.index_runs(index, f.first, f.last, md.ensemble_size, md.write_quorum)
+                )
+                bad = []
+                for entry_id in fr.entries(fr.intersect(runs, fr.normalize(m.entries))):
+                    copy = await read_copy(self.ctx, job.ledger_id, entry_id, [m.bookie])
+                    if copy is None:
+                        bad.append(entry_id)
+                if bad:
+                    await self._copy(job, md, f, m.bookie, to_ranges(bad), view, force=True)
+                    self.counters["entries_rewritten"] += len(bad)
+
     async def _copy(
         self,
         job: _Job,
@@ -356,11 +383,15 @@ class ReplicationWorker:
         target: str,
         runs: fr.Ranges,
         view: ClusterView,
+        *,
+        force: bool = False,
     ) -> None:
+        """Copy ``runs`` of fragment ``f`` to ``target``: what it lacks (or, ``force``, all
+        of them: copies it holds are corrupt)."""
         held = await list_present(self.ctx, target, job.ledger_id)
         if isinstance(held, str):
             raise ReplicationError(f"ledger {job.ledger_id}: target {target} is {held}")
-        todo = fr.subtract(runs, held)
+        todo = runs if force else fr.subtract(runs, held)
         if not todo:
             return
         bad = view.lost | job.failing | {target}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import Any
 
 from ..digest import LacProof, entry_digest
@@ -23,6 +24,19 @@ from ..metadata.model import LedgerMetadata
 from ..protocol import READ_FLAG_FENCE, READ_FLAG_LONG_POLL, ReadRequest, ReadResponse
 from ..quorum import write_set
 from .context import ClientContext, LedgerEntry
+
+# Answers that say a replica lacks a good copy (an OK answer here had a wrong digest). Not
+# timeouts, lost connections, overload or limbo: those are the auditor's lost-bookie delay
+# and the bookie's own repair.
+SHORT_COPY_STATUSES = frozenset(
+    {
+        StatusCode.OK,
+        StatusCode.NO_SUCH_ENTRY,
+        StatusCode.NO_SUCH_LEDGER,
+        StatusCode.IO_ERROR,
+        StatusCode.BAD_DIGEST,
+    }
+)
 
 
 def entry_ok(ledger_id: int, response: Any) -> bool:
@@ -69,8 +83,15 @@ def replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
     return [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)]
 
 
-async def read_entry(ctx: ClientContext, md: LedgerMetadata, entry_id: int) -> LedgerEntry:
-    """A verified copy of ``entry_id`` (see the module docstring).
+async def read_entry(
+    ctx: ClientContext,
+    md: LedgerMetadata,
+    entry_id: int,
+    short: Callable[[str, int], None] | None = None,
+) -> LedgerEntry:
+    """A verified copy of ``entry_id`` (see the module docstring). ``short(bookie, entry)``
+    is told of every replica that answered with an error, "no such entry" or a corrupt copy
+    (the caller knows the entry exists: BP-31 read-path detection).
 
     Raises:
         NoSuchEntryError: every replica says it does not have the entry.
@@ -82,9 +103,13 @@ async def read_entry(ctx: ClientContext, md: LedgerMetadata, entry_id: int) -> L
     pending: set[asyncio.Future[Any]] = set()
     negatives = 0
 
+    asked: dict[asyncio.Future[Any], str] = {}
+
     def ask_next() -> None:
         bookie = remaining.popleft()
-        pending.add(asyncio.ensure_future(request(ctx, bookie, ReadRequest, *fields)))
+        future = asyncio.ensure_future(request(ctx, bookie, ReadRequest, *fields))
+        asked[future] = bookie
+        pending.add(future)
 
     ask_next()
     try:
@@ -102,6 +127,8 @@ async def read_entry(ctx: ClientContext, md: LedgerMetadata, entry_id: int) -> L
                     return LedgerEntry(entry_id, result.payload)
                 status = getattr(result, "status", None)
                 negatives += status is not None and is_explicit_negative(status)
+                if short is not None and status in SHORT_COPY_STATUSES:
+                    short(asked[task], entry_id)
             if remaining:
                 ask_next()  # a failed or corrupt answer moves on at once
     finally:

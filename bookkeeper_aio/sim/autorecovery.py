@@ -142,6 +142,8 @@ class AutorecoveryAgents:
         ]
         self.registered_since: dict[str, float] = {}
         self.history.on_replacement = self.check_replacement
+        # Writers and readers mark the copies they see missing (BP-31 triggers).
+        self.world.client_config = CLIENT_CONFIG.replace(mark_short_copies=True)
 
     def statistics(self) -> dict[str, int]:
         """Bookies lost, and what the workers did (summed over the processes' counters)."""

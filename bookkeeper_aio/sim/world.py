@@ -61,6 +61,7 @@ CLIENT_CONFIG = ClientConfig(
     long_poll_timeout_ms=500,
     close_timeout_s=5.0,
     adds_pending_max=64,
+    mark_short_copies=False,  # autorecovery seeds turn it on (sim/autorecovery.py)
 )
 
 
@@ -118,6 +119,7 @@ class World:
         self.bookies: list[SimBookie] = []
         self._decoded: dict[int, Versioned] = {}  # ledger id -> its metadata (ledger())
         self.journal_write_data = True  # False: BP-46 bookies (set before starting any)
+        self.client_config = CLIENT_CONFIG
         self._meta_faults = MemoryFaults(random.Random(self.rng.getrandbits(64)))
         self._sync_metadata_faults()
 
@@ -152,8 +154,9 @@ class World:
                 return bookie
         return None
 
-    def client(self, name: str, config: ClientConfig = CLIENT_CONFIG) -> BookKeeper:
+    def client(self, name: str, config: ClientConfig | None = None) -> BookKeeper:
         """A client process ``name`` (close it with :func:`close_client`)."""
+        config = config or self.client_config
         rng = random.Random(self.rng.getrandbits(64))
         pool = BookiePool(self.net.view(name), config, rng)
         ctx = ClientContext(config, self.metadata_store(), pool, rng, PlacementPolicy(), self.bugs)
