@@ -238,3 +238,43 @@ def test_bad_autorecovery_configuration_exits_2(tmp_path):
            "--set", "audit_interval_s=nan"]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "audit_interval_s" in result.stderr
+
+
+async def test_a_failing_ledger_dir_is_taken_out_and_its_ledgers_re_replicated(tmp_path, etcd_uri):
+    await _init(etcd_uri)
+    extra = ("--set", "engine_fault_injection=true", "--set", "checkpoint_interval_s=1")
+    procs = [_bookie(tmp_path / f"b{i}", etcd_uri, None, *extra) for i in range(4)]
+    sick = procs[0]
+    sick.extra += ["--ledger-dir", str(sick.root / "ledgers2")]  # two dirs: one will fail
+    try:
+        for p in procs:
+            p.start()
+        await wait_registered(etcd_uri, len(procs))
+        async with BookKeeper.connect(etcd_uri) as bk:
+            written = await _write_closed(bk, 8, 5)
+            on_sick = [lid for lid in written if sick.address in
+                       (await bk.ctx.metadata.read_ledger(lid)).value.bookies()]  # fmt: skip
+            # ledger_dirs.LedgerDirs puts a new ledger in dir ledger_id % 2 (of the good ones)
+            failing = [lid for lid in on_sick if lid % 2 == 0]
+            kept = [lid for lid in on_sick if lid % 2 == 1]
+            assert failing and kept, on_sick
+            # No lost-bookie delay or periodic check can act: only the bookie's own report.
+            settings = ("lost_bookie_recovery_delay_s=600", "audit_interval_s=3600")
+            with _autorecovery(tmp_path, etcd_uri, *settings):
+                (sick.root / "ledgers" / "INJECT_IO_ERROR").touch()  # the disk dies
+
+                async def moved() -> bool:
+                    for lid in failing:
+                        md = (await bk.ctx.metadata.read_ledger(lid)).value
+                        if sick.address in md.bookies():
+                            return False
+                    return await _restored(bk, list(written))
+
+                await _wait(moved, 40, "the failed dir's ledgers off the bookie")
+            for lid in kept:  # the good dir's ledgers stay where they are
+                assert sick.address in (await bk.ctx.metadata.read_ledger(lid)).value.bookies()
+            await _read_back(bk, written)
+        assert "ledger dir" in sick.log.read_text() and "failed" in sick.log.read_text()
+    finally:
+        for p in procs:
+            p.kill()
