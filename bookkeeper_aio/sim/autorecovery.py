@@ -59,6 +59,7 @@ class AutorecoveryPlan:
     """What an autorecovery seed adds to its scenario."""
 
     losses: int  # bookies lost for good during the faults
+    disk_failures: int  # bookies whose ledger disk dies under them (they stay up, read-only)
     processes: int
     crash_process: bool  # one process crashes once (seat and locks move to the other)
     delay_s: float  # lost_bookie_recovery_delay_s
@@ -73,6 +74,7 @@ def maybe_enable(seed: int, sc: Scenario) -> None:
     sc.quorum = rng.choice(QUORUMS)
     sc.autorecovery = AutorecoveryPlan(
         losses=rng.choice((1, 1, 2)),
+        disk_failures=rng.choice((0, 0, 1)),
         processes=2,
         crash_process=rng.random() < 0.5,
         delay_s=rng.choice((0.5, 1.0, 2.0)),
@@ -142,8 +144,10 @@ class AutorecoveryAgents:
         ]
         self.registered_since: dict[str, float] = {}
         self.history.on_replacement = self.check_replacement
-        # Writers and readers mark the copies they see missing (BP-31 triggers).
+        # Writers and readers mark the copies they see missing (BP-31 triggers); bookies
+        # take a failed disk out of service and mark its ledgers.
         self.world.client_config = CLIENT_CONFIG.replace(mark_short_copies=True)
+        self.world.guard_dirs = True
 
     def statistics(self) -> dict[str, int]:
         """Bookies lost, and what the workers did (summed over the processes' counters)."""
@@ -158,7 +162,7 @@ class AutorecoveryAgents:
     def start(self) -> None:
         for process in self.processes:
             process.start()
-        self.run.spawn(self._lose_bookies(), "lose-bookies")
+        self.run.spawn(self._permanent_faults(), "permanent-faults")
         if self.plan.crash_process:
             self.run.spawn(self._crash_one_process(), "crash-autorecovery")
 
@@ -174,22 +178,32 @@ class AutorecoveryAgents:
 
     # --- agents -----------------------------------------------------------------------------
 
-    async def _lose_bookies(self) -> None:
+    async def _permanent_faults(self) -> None:
+        """Bookies lost for good and disks that die, one at a time: the next only once the
+        marks of the last are drained (two at once in one write set is real data loss)."""
         run, rng = self.run, self.run.rng
-        for k in range(self.plan.losses):
+        kinds = ["lose"] * self.plan.losses + ["disk"] * self.plan.disk_failures
+        rng.shuffle(kinds)
+        for k, kind in enumerate(kinds):
             await asyncio.sleep(rng.uniform(0.5, max(0.6, run.sc.fault_phase_s / 2)))
             if k and not await self._drained(30.0):
-                return  # a second loss only once the first is repaired: no real data loss
+                return
+            if run.healing:
+                return  # faults stop when the run heals
             node = self._victim()
             if node is None:
                 return
-            node.lose()
-            self.history.note(f"{node.name} is lost for good")
+            if kind == "lose":
+                node.lose()
+                self.history.note(f"{node.name} is lost for good")
+            else:
+                node.fail_disk()
+                self.history.note(f"{node.name}'s ledger disk fails")
 
     def _victim(self) -> SimBookie | None:
         """A bookie that holds fragments, while enough others are up to form ensembles."""
         world = self.world
-        up = [b for b in world.bookies if b.up and not b.lost]
+        up = [b for b in world.bookies if b.up and not b.lost and not b.disk.failed]
         if len(up) <= self.run.sc.quorum[0] + 1:
             return None
         used = set()
@@ -218,9 +232,16 @@ class AutorecoveryAgents:
         keys = self.world.state.keys
         while loop.time() < deadline:
             declared = all(
-                keys.get(LOST_PREFIX + b.address) is not None for b in self.world.bookies if b.lost
+                keys.get(LOST_PREFIX + b.address) is not None
+                for b in self.world.bookies
+                if b.lost and not b.disk.failed  # a failed disk reports itself
             )
-            if declared and not keys.items(MARKS_PREFIX):
+            noticed = all(  # a bookie notices a dead disk at its next engine call or sync
+                b.bookie.counters["ledger_dirs_failed"]
+                for b in self.world.bookies
+                if b.disk.failed and b.bookie is not None
+            )
+            if declared and noticed and not keys.items(MARKS_PREFIX):
                 return True
             await asyncio.sleep(0.5)
         return False
@@ -322,7 +343,7 @@ class DurabilityContract:
 
     def _holds(self, bookie: str, ledger_id: int, entry_id: int, payload: bytes | None) -> bool:
         node = self.world.bookie_at(bookie)
-        if node is None or node.lost:
+        if node is None or node.lost or node.disk.failed:
             return False
         stored = node.stored(ledger_id, entry_id)
         return stored is not None and (payload is None or stored == payload)

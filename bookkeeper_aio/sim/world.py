@@ -120,6 +120,7 @@ class World:
         self._decoded: dict[int, Versioned] = {}  # ledger id -> its metadata (ledger())
         self.journal_write_data = True  # False: BP-46 bookies (set before starting any)
         self.client_config = CLIENT_CONFIG
+        self.guard_dirs = False  # autorecovery seeds: bookies take a failed disk out of service
         self._meta_faults = MemoryFaults(random.Random(self.rng.getrandbits(64)))
         self._sync_metadata_faults()
 
@@ -225,7 +226,8 @@ class SimBookie:
         """
         assert self.bookie is None, f"{self.name} is running"
         world = self.world
-        storage = SimStorage(self.disk, random.Random(world.rng.getrandbits(64)), world.faults.disk)
+        storage = SimStorage(self.disk, random.Random(world.rng.getrandbits(64)), world.faults.disk,
+                             world.guard_dirs)  # fmt: skip
         bookie = Bookie(
             self.config(),
             network=world.net.view(self.name),
@@ -245,8 +247,10 @@ class SimBookie:
         self._after_crash = None
 
     def crash(self, *, power_loss: bool) -> None:
-        """``kill -9`` (keeps what reached the page cache) or a power loss (may lose it)."""
+        """``kill -9`` (keeps what reached the page cache) or a power loss (may lose it). A
+        bookie whose disk failed cannot boot again: it is lost."""
         assert self.bookie is not None and self.storage is not None
+        self.lost = self.lost or self.disk.failed
         self.world.net.kill_node(self.name)
         self.bookie.abort()
         self.storage.crash(power_loss=power_loss)
@@ -266,9 +270,15 @@ class SimBookie:
         self.disk = NodeDisk()
         self._after_crash = None
 
+    def fail_disk(self) -> None:
+        """The ledger disk dies under the running bookie (BP-31): EIO on every engine call."""
+        self.disk.failed = True
+        if self.storage is not None and self.storage.faulty is not None:
+            self.storage.faulty.dead = True
+
     def stored(self, ledger_id: int, entry_id: int) -> bytes | None:
         """God's view: the payload this bookie holds (or will hold after its restart)."""
-        if self.lost:
+        if self.lost or self.disk.failed:
             return None
         if self.storage is not None:
             record = self.storage.engine.get_entry(ledger_id, entry_id)
