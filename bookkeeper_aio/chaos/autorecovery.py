@@ -1,0 +1,108 @@
+"""Chaos with autorecovery (BP-31's black-box tests): an autorecovery process, bookies lost for
+good, and at the end every ledger back at WQ.
+
+An autorecovery process (``python -m bookkeeper_aio.autorecovery``, short delays) runs beside
+the cluster from the start. During the faults, ``lose`` bookies are killed and never started
+again (they count against ``max_unavailable`` for good). After the usual verification, every
+ledger must, within ``WQ_WAIT_S``, have every copy of every closed fragment on a live bookie
+(the replicas check of ``autorecovery/checker.py``) and none on a lost bookie; each ledger that
+does counts in ``report.back_at_wq``, and one that does not is an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from .. import BookKeeper
+from ..autorecovery.checker import check_ledger
+from ..errors import NoSuchLedgerError
+from .base import _event_wait
+
+WQ_WAIT_S = 90.0
+AUTORECOVERY_SETTINGS = (
+    "lost_bookie_recovery_delay_s=2",
+    "audit_interval_s=15",
+    "open_ledger_rereplication_grace_s=5",
+    "replication_lock_ttl_s=3",
+    "replication_workers=4",
+    "lease_ttl_s=3",
+)
+
+
+@contextlib.contextmanager
+def autorecovery_process(uri: str, log_path: Path) -> Iterator[subprocess.Popen]:
+    """An autorecovery process for the run; stopped (SIGTERM, then SIGKILL) on exit."""
+    sets = [arg for s in AUTORECOVERY_SETTINGS for arg in ("--set", s)]
+    cmd = [sys.executable, "-m", "bookkeeper_aio.autorecovery", "--metadata", uri, *sets]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+class _Autorecovery:
+    """Methods of :class:`~bookkeeper_aio.chaos.run._Chaos` (its state is theirs)."""
+
+    async def lose_bookies(self, count: int) -> None:
+        """Kill ``count`` bookies for good at random moments of the fault phase (one at a time,
+        each while another fault may still strike)."""
+        rng = random.Random(f"{self.seed}/lose")
+        for _ in range(count):
+            if await _event_wait(self.stop_faults, rng.uniform(0.2, 0.5) * self.duration_s):
+                return
+            while len(self.unavailable) >= self.max_unavailable:
+                if await _event_wait(self.stop_faults, 0.5):
+                    return
+            candidates = [
+                i
+                for i, b in enumerate(self.bookies)
+                if i not in self.unavailable and i not in self.starting and b.running
+            ]
+            if not candidates:
+                return
+            victim = rng.choice(candidates)
+            self.unavailable.add(victim)
+            self.lost.add(victim)  # unavailable for good: other faults now leave E3 up
+            self.bookies[victim].kill()
+            self.report.lost_for_good += 1
+            self.say(f"kill -9 {self.name(victim)} for good (autorecovery must replace it)")
+
+    async def back_at_wq(self, bk: BookKeeper) -> None:
+        """Wait until every ledger has all its copies on live bookies (see module doc)."""
+        lost = {self.bookies[i].address for i in self.lost}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WQ_WAIT_S
+        pending = sorted(self.ledgers)
+        while pending and loop.time() < deadline:
+            registered = set(await bk.ctx.metadata.list_bookies())
+            still = []
+            for lid in pending:
+                try:
+                    md = (await bk.ctx.metadata.read_ledger(lid)).value
+                except NoSuchLedgerError:
+                    continue
+                check = await check_ledger(bk.ctx, md, registered, lost)
+                if not check.complete or lost & set(md.bookies()):
+                    still.append(lid)
+            self.report.back_at_wq = len(self.ledgers) - len(still)
+            pending = still
+            if pending:
+                await asyncio.sleep(1.0)
+        if pending:
+            self.error(f"{len(pending)} ledgers not back at WQ {WQ_WAIT_S} s after healing: "
+                       f"{pending[:5]}")  # fmt: skip
+        else:
+            self.say(f"every ledger back at WQ (lost for good: {sorted(lost)})")
