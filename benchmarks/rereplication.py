@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +33,7 @@ from bookkeeper_aio.autorecovery.checker import check_ledger
 from bookkeeper_aio.autorecovery.state import process_statistics
 from bookkeeper_aio.config import BookieConfig, ClientConfig
 from bookkeeper_aio.metadata.underreplication import MARKS_PREFIX
+from bookkeeper_aio.sandbox import autorecovery_process
 
 from .cluster import local_cluster
 from .disk import group_commit_limit
@@ -131,24 +129,12 @@ async def _fill(bk: BookKeeper, victim: str, args: argparse.Namespace) -> tuple[
     return ids, held
 
 
-@contextlib.contextmanager
 def _autorecovery(uri: str, root: Path, args: argparse.Namespace) -> Any:
-    sets = ["lost_bookie_recovery_delay_s=0", f"replication_workers={args.workers}",
+    sets = ("lost_bookie_recovery_delay_s=0", f"replication_workers={args.workers}",
             f"replication_entries_in_flight_max={args.in_flight}", "audit_interval_s=3600",
-            f"replication_rate_bytes_per_s={1 << 40}"]  # fmt: skip
-    cmd = [sys.executable, "-m", "bookkeeper_aio.autorecovery", "--metadata", uri,
-           *(a for s in sets for a in ("--set", s)), "--log-level", "WARNING"]  # fmt: skip
-    with open(root / "autorecovery.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+            f"replication_rate_bytes_per_s={1 << 40}")  # fmt: skip
+    log = root / "autorecovery.log"
+    return autorecovery_process(uri, log, sets, "--log-level", "WARNING")
 
 
 async def _until(predicate: Any, since: float, timeout_s: float) -> float:

@@ -32,6 +32,7 @@ from bookkeeper_aio.metadata.underreplication import (
 from bookkeeper_aio.quorum import write_set
 from bookkeeper_aio.sim.autorecovery import SimAutorecovery
 from bookkeeper_aio.sim.loop import VirtualTimeLoop
+from bookkeeper_aio.sim.runner import _teardown
 from bookkeeper_aio.sim.world import CLIENT_CONFIG, Faults, World, close_client
 
 PW = b"t"
@@ -63,15 +64,7 @@ def simulate(body: Callable[[World], Awaitable[Any]], bookies: int = 4) -> Any:
     try:
         return loop.run_until_complete(main())
     finally:
-        for node in world.bookies:
-            if node.up:
-                node.crash(power_loss=False)
-        tasks = asyncio.all_tasks(loop)
-        for task in tasks:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+        _teardown(loop, world)  # the simulator's own: crash every bookie, cancel every task
         logging.getLogger("bookkeeper_aio").setLevel(logging.NOTSET)
 
 

@@ -14,8 +14,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from bookkeeper_aio.autorecovery.checker import check_ledger
 from bookkeeper_aio.config import ClientConfig
 from bookkeeper_aio.metadata.store import open_metadata_store
 from bookkeeper_aio.quorum import write_set
-from bookkeeper_aio.sandbox import BookieProcess, wait_registered
+from bookkeeper_aio.sandbox import BookieProcess, autorecovery_process, wait_registered
 
 pytestmark = pytest.mark.process
 
@@ -39,24 +40,22 @@ def _bookie(root: Path, uri: str, rack: str | None, *extra: str) -> BookieProces
     return BookieProcess(root, "rocksdb", *flags)
 
 
-@contextlib.contextmanager
-def _autorecovery(root: Path, uri: str, *settings: str) -> Iterator[subprocess.Popen]:
-    log = open(root / "autorecovery.log", "ab")  # noqa: SIM115 (closed below)
-    sets = [
-        a for s in ("replication_lock_ttl_s=3", "lease_ttl_s=3", *settings) for a in ("--set", s)
-    ]
-    cmd = [sys.executable, "-m", "bookkeeper_aio.autorecovery", "--metadata", uri, *sets]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+def _autorecovery(root: Path, uri: str, *settings: str) -> Any:
+    every = ("replication_lock_ttl_s=3", "lease_ttl_s=3", *settings)
+    return autorecovery_process(uri, root / "autorecovery.log", every)
+
+
+@contextlib.asynccontextmanager
+async def _running(procs: list[BookieProcess], uri: str) -> AsyncIterator[None]:
+    """Start the bookies (registered when it returns); kill whatever is left at the end."""
     try:
-        yield proc
+        for p in procs:
+            p.start()
+        await wait_registered(uri, len(procs))
+        yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
+        for p in procs:
+            p.kill()
 
 
 def _shell(uri: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -113,124 +112,103 @@ async def test_a_lost_bookie_is_replaced_in_every_ledger_racks_respected(tmp_pat
     await _init(etcd_uri)
     procs = [_bookie(tmp_path / f"b{i}", etcd_uri, rack) for i, rack in enumerate(racks)]
     rack_of = {p.address: rack for p, rack in zip(procs, racks, strict=True)}
-    try:
-        for p in procs:
-            p.start()
-        await wait_registered(etcd_uri, len(procs))
-        async with BookKeeper.connect(etcd_uri, CLIENT) as bk:
-            written = await _write_closed(bk, 20, 10)
-            live = await bk.create_ledger(3, 3, 2, PASSWORD)
-            live_payloads: list[bytes] = []
-            stop = asyncio.Event()
+    async with _running(procs, etcd_uri), BookKeeper.connect(etcd_uri, CLIENT) as bk:
+        written = await _write_closed(bk, 20, 10)
+        live = await bk.create_ledger(3, 3, 2, PASSWORD)
+        live_payloads: list[bytes] = []
+        stop = asyncio.Event()
 
-            async def keep_writing() -> None:  # any failure fails the test
-                while not stop.is_set():
-                    payload = f"live:{len(live_payloads)}".encode()
-                    await live.append(payload)
-                    live_payloads.append(payload)
-                    await asyncio.sleep(0.02)
+        async def keep_writing() -> None:  # any failure fails the test
+            while not stop.is_set():
+                payload = f"live:{len(live_payloads)}".encode()
+                await live.append(payload)
+                live_payloads.append(payload)
+                await asyncio.sleep(0.02)
 
-            writing = asyncio.create_task(keep_writing())
-            settings = ("lost_bookie_recovery_delay_s=1", "open_ledger_rereplication_grace_s=120")
-            with _autorecovery(tmp_path, etcd_uri, *settings):
-                # A member of the live ledger's ensemble in a rack with a spare bookie: the
-                # writer replaces it by itself, autorecovery the rest; three racks remain.
-                ensemble = live.metadata.last_ensemble()[1]
-                victim = next(p for p in procs if p.address in ensemble
-                              and rack_of[p.address] != "/zone/r2")  # fmt: skip
-                victim.kill()
-                ids = [*written, live.ledger_id]
+        writing = asyncio.create_task(keep_writing())
+        settings = ("lost_bookie_recovery_delay_s=1", "open_ledger_rereplication_grace_s=120")
+        with _autorecovery(tmp_path, etcd_uri, *settings):
+            # A member of the live ledger's ensemble in a rack with a spare bookie: the
+            # writer replaces it by itself, autorecovery the rest; three racks remain.
+            ensemble = live.metadata.last_ensemble()[1]
+            victim = next(p for p in procs if p.address in ensemble
+                          and rack_of[p.address] != "/zone/r2")  # fmt: skip
+            victim.kill()
+            ids = [*written, live.ledger_id]
 
-                async def done() -> bool:
-                    if writing.done():
-                        return True  # the writer failed: reported below
-                    return await _restored(bk, list(written), without=victim.address) and (
-                        victim.address not in (await bk.ctx.metadata.read_ledger(
-                            live.ledger_id)).value.bookies()
-                    )  # fmt: skip
+            async def done() -> bool:
+                if writing.done():
+                    return True  # the writer failed: reported below
+                return await _restored(bk, list(written), without=victim.address) and (
+                    victim.address not in (await bk.ctx.metadata.read_ledger(
+                        live.ledger_id)).value.bookies()
+                )  # fmt: skip
 
-                await _wait(done, 45, f"every ledger off {victim.address}, three copies")
-                stop.set()
-                await writing  # never interrupted: no exception
-                await live.close()
-                await _wait(lambda: _restored(bk, ids, without=victim.address), 20, "closed")
-                check = _shell(etcd_uri, "ledger-check", str(next(iter(written))))
-                assert check.returncode == 0, check.stdout + check.stderr
-            written[live.ledger_id] = live_payloads
-            await _read_back(bk, written)
-            for lid in ids:  # racks: every write set spans three racks (three are left)
-                md = (await bk.ctx.metadata.read_ledger(lid)).value
-                for _first, ensemble in md.ensembles:
-                    for e in range(md.ensemble_size):
-                        members = [ensemble[i] for i in write_set(e, md.ensemble_size, 3)]
-                        assert len({rack_of[b] for b in members}) == 3, (lid, ensemble)
-    finally:
-        for p in procs:
-            p.kill()
+            await _wait(done, 45, f"every ledger off {victim.address}, three copies")
+            stop.set()
+            await writing  # never interrupted: no exception
+            await live.close()
+            await _wait(lambda: _restored(bk, ids, without=victim.address), 20, "closed")
+            check = _shell(etcd_uri, "ledger-check", str(next(iter(written))))
+            assert check.returncode == 0, check.stdout + check.stderr
+        written[live.ledger_id] = live_payloads
+        await _read_back(bk, written)
+        for lid in ids:  # racks: every write set spans three racks (three are left)
+            md = (await bk.ctx.metadata.read_ledger(lid)).value
+            for _first, ensemble in md.ensembles:
+                for e in range(md.ensemble_size):
+                    members = [ensemble[i] for i in write_set(e, md.ensemble_size, 3)]
+                    assert len({rack_of[b] for b in members}) == 3, (lid, ensemble)
 
 
 async def test_decommission_of_a_live_bookie_and_of_an_unknown_one(tmp_path, etcd_uri):
     await _init(etcd_uri)
     procs = [_bookie(tmp_path / f"b{i}", etcd_uri, None) for i in range(4)]
-    try:
-        for p in procs:
-            p.start()
-        await wait_registered(etcd_uri, len(procs))
-        async with BookKeeper.connect(etcd_uri) as bk:
-            written = await _write_closed(bk, 6, 5)
-            leaving = procs[1].address
-            with _autorecovery(tmp_path, etcd_uri, "lost_bookie_recovery_delay_s=30"):
-                unknown = _shell(etcd_uri, "decommission", "--bookie", "10.9.9.9:1")
-                assert unknown.returncode == 1 and "unknown bookie" in unknown.stderr
-                await asyncio.sleep(1.5)  # the autorecovery process publishes itself
-                result = await asyncio.to_thread(
-                    _shell, etcd_uri, "decommission", "--bookie", leaving, timeout_s=60
-                )
-                assert result.returncode == 0, result.stdout + result.stderr
-                assert "decommissioned" in result.stdout
-            assert await _restored(bk, list(written), without=leaving)
-            assert await bk.ctx.metadata.get_cookie(leaving) is None
-            await _read_back(bk, written)
-    finally:
-        for p in procs:
-            p.kill()
+    async with _running(procs, etcd_uri), BookKeeper.connect(etcd_uri) as bk:
+        written = await _write_closed(bk, 6, 5)
+        leaving = procs[1].address
+        with _autorecovery(tmp_path, etcd_uri, "lost_bookie_recovery_delay_s=30"):
+            unknown = _shell(etcd_uri, "decommission", "--bookie", "10.9.9.9:1")
+            assert unknown.returncode == 1 and "unknown bookie" in unknown.stderr
+            await asyncio.sleep(1.5)  # the autorecovery process publishes itself
+            result = await asyncio.to_thread(
+                _shell, etcd_uri, "decommission", "--bookie", leaving, timeout_s=60
+            )
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert "decommissioned" in result.stdout
+        assert await _restored(bk, list(written), without=leaving)
+        assert await bk.ctx.metadata.get_cookie(leaving) is None
+        await _read_back(bk, written)
 
 
 async def test_a_bookie_formatted_again_gets_its_copies_back(tmp_path, etcd_uri):
     await _init(etcd_uri)
     procs = [_bookie(tmp_path / f"b{i}", etcd_uri, None) for i in range(3)]
-    try:
-        for p in procs:
-            p.start()
-        await wait_registered(etcd_uri, len(procs))
-        async with BookKeeper.connect(etcd_uri) as bk:
-            written = await _write_closed(bk, 4, 6)
-            with _autorecovery(tmp_path, etcd_uri, "lost_bookie_recovery_delay_s=60"):
-                await asyncio.sleep(1.0)  # the auditor records the incarnations it sees
-                target = procs[0]
-                target.kill()
-                shutil.rmtree(target.root / "journal")
-                shutil.rmtree(target.root / "ledgers")
-                async with open_metadata_store(etcd_uri) as store:  # formatted: a new bookie
-                    cookie = await store.get_cookie(target.address)
-                    await store.delete_cookie(target.address, cookie.version)
-                target.start()
-                # Same address, empty dirs, a new incarnation: the auditor marks its ledgers
-                # and the copies are made again on it (no ensemble change needed).
-                await _wait(lambda: _restored(bk, list(written)), 40, "copies back on it")
+    async with _running(procs, etcd_uri), BookKeeper.connect(etcd_uri) as bk:
+        written = await _write_closed(bk, 4, 6)
+        with _autorecovery(tmp_path, etcd_uri, "lost_bookie_recovery_delay_s=60"):
+            await asyncio.sleep(1.0)  # the auditor records the incarnations it sees
+            target = procs[0]
+            target.kill()
+            shutil.rmtree(target.root / "journal")
+            shutil.rmtree(target.root / "ledgers")
+            async with open_metadata_store(etcd_uri) as store:  # formatted: a new bookie
+                cookie = await store.get_cookie(target.address)
+                await store.delete_cookie(target.address, cookie.version)
+            target.start()
+            # Same address, empty dirs, a new incarnation: the auditor marks its ledgers
+            # and the copies are made again on it (no ensemble change needed).
+            await _wait(lambda: _restored(bk, list(written)), 40, "copies back on it")
 
-                async def counted() -> bool:  # the auditor publishes its figures every second
-                    status = await asyncio.to_thread(_shell, etcd_uri, "autorecovery-status")
-                    return '"incarnations_changed": 1' in status.stdout
+            async def counted() -> bool:  # the auditor publishes its figures every second
+                status = await asyncio.to_thread(_shell, etcd_uri, "autorecovery-status")
+                return '"incarnations_changed": 1' in status.stdout
 
-                await _wait(counted, 20, "the auditor counts the new incarnation")
-            for lid in written:
-                md = (await bk.ctx.metadata.read_ledger(lid)).value
-                assert target.address in md.bookies()
-            await _read_back(bk, written)
-    finally:
-        for p in procs:
-            p.kill()
+            await _wait(counted, 20, "the auditor counts the new incarnation")
+        for lid in written:
+            md = (await bk.ctx.metadata.read_ledger(lid)).value
+            assert target.address in md.bookies()
+        await _read_back(bk, written)
 
 
 def test_bad_autorecovery_configuration_exits_2(tmp_path):
@@ -246,10 +224,7 @@ async def test_a_failing_ledger_dir_is_taken_out_and_its_ledgers_re_replicated(t
     procs = [_bookie(tmp_path / f"b{i}", etcd_uri, None, *extra) for i in range(4)]
     sick = procs[0]
     sick.extra += ["--ledger-dir", str(sick.root / "ledgers2")]  # two dirs: one will fail
-    try:
-        for p in procs:
-            p.start()
-        await wait_registered(etcd_uri, len(procs))
+    async with _running(procs, etcd_uri):
         async with BookKeeper.connect(etcd_uri) as bk:
             written = await _write_closed(bk, 8, 5)
             on_sick = [lid for lid in written if sick.address in
@@ -275,6 +250,3 @@ async def test_a_failing_ledger_dir_is_taken_out_and_its_ledgers_re_replicated(t
                 assert sick.address in (await bk.ctx.metadata.read_ledger(lid)).value.bookies()
             await _read_back(bk, written)
         assert "ledger dir" in sick.log.read_text() and "failed" in sick.log.read_text()
-    finally:
-        for p in procs:
-            p.kill()

@@ -12,14 +12,12 @@ does counts in ``report.back_at_wq``, and one that does not is an error.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import subprocess
-import sys
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from .. import BookKeeper
+from .. import BookKeeper, sandbox
 from ..autorecovery.checker import check_ledger
 from ..errors import NoSuchLedgerError
 from .base import _event_wait
@@ -35,22 +33,9 @@ AUTORECOVERY_SETTINGS = (
 )
 
 
-@contextlib.contextmanager
-def autorecovery_process(uri: str, log_path: Path) -> Iterator[subprocess.Popen]:
-    """An autorecovery process for the run; stopped (SIGTERM, then SIGKILL) on exit."""
-    sets = [arg for s in AUTORECOVERY_SETTINGS for arg in ("--set", s)]
-    cmd = [sys.executable, "-m", "bookkeeper_aio.autorecovery", "--metadata", uri, *sets]
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+def autorecovery_process(uri: str, log_path: Path) -> AbstractContextManager[subprocess.Popen]:
+    """The run's autorecovery process (sandbox.autorecovery_process, short delays)."""
+    return sandbox.autorecovery_process(uri, log_path, AUTORECOVERY_SETTINGS)
 
 
 class _Autorecovery:
