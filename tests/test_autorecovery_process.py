@@ -190,6 +190,10 @@ async def test_a_bookie_formatted_again_gets_its_copies_back(tmp_path, etcd_uri)
             await asyncio.sleep(1.0)  # the auditor records the incarnations it sees
             target = procs[0]
             target.kill()
+            lid = next(iter(written))
+            short = await asyncio.to_thread(_shell, etcd_uri, "ledger-check", str(lid))
+            assert short.returncode == 1, short.stdout + short.stderr  # a copy is missing
+            assert "copies missing" in short.stdout and target.address in short.stdout
             shutil.rmtree(target.root / "journal")
             shutil.rmtree(target.root / "ledgers")
             async with open_metadata_store(etcd_uri) as store:  # formatted: a new bookie

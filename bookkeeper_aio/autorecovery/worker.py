@@ -26,13 +26,15 @@ process's lease (a dead worker's locks expire with its lease). For one ledger (a
 A bookie that is merely unreachable (not registered, not yet declared lost) defers the job: the
 auditor's ``lost_bookie_recovery_delay_s`` decides when a bookie is gone. A failed or deferred
 job records ``attempts``/``last_error`` in the mark and waits ``replication_retry_backoff_s``
-(doubling) before the next try. Before every commit the worker checks that its lease (hence
+(doubling, at most 8 times that) before the next try; a target that did not answer is dropped
+from the plan. Before every commit the worker checks that its lease (hence
 its lock) is alive; a commit racing another worker loses the compare-and-swap and redoes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections import Counter
@@ -69,12 +71,16 @@ from .state import decommissioning, lost_bookies
 log = logging.getLogger(__name__)
 
 ROUNDS_MAX = 3  # check-copy-verify rounds per job before it counts as failed
-BACKOFF_DOUBLINGS_MAX = 4
+BACKOFF_DOUBLINGS_MAX = 3  # a mark waits at most 8 x replication_retry_backoff_s
 WORKER_BUGS = frozenset({"replication-ignores-placement"})
 
 
 class Deferred(ReplicationError):
     """The job must wait: a bookie is unreachable but not (yet) declared lost."""
+
+
+class TargetUnavailable(ReplicationError):
+    """The bookie chosen to receive copies does not answer: the next attempt chooses again."""
 
 
 class LockLost(ReplicationError):
@@ -230,8 +236,10 @@ class ReplicationWorker:
         try:
             current = await read_mark(self.store, lid)
             if current is not None:
-                await update_mark(self.store, lid, current.version,
-                                  current.value.failed(f"{type(exc).__name__}: {exc}"))  # fmt: skip
+                mark = current.value.failed(f"{type(exc).__name__}: {exc}")
+                if isinstance(exc, TargetUnavailable):  # not that bookie again next time
+                    mark = dataclasses.replace(mark, plan=())
+                await update_mark(self.store, lid, current.version, mark)
         except (BookKeeperError, OSError) as note_exc:
             log.info("worker %s: could not note the failure of %d: %s", self.worker_id, lid,
                      note_exc)  # fmt: skip
@@ -390,7 +398,7 @@ class ReplicationWorker:
         of them: copies it holds are corrupt)."""
         held = await list_present(self.ctx, target, job.ledger_id)
         if isinstance(held, str):
-            raise ReplicationError(f"ledger {job.ledger_id}: target {target} is {held}")
+            raise TargetUnavailable(f"ledger {job.ledger_id}: target {target} is {held}")
         todo = runs if force else fr.subtract(runs, held)
         if not todo:
             return

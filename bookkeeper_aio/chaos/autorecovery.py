@@ -29,6 +29,7 @@ AUTORECOVERY_SETTINGS = (
     "open_ledger_rereplication_grace_s=5",
     "replication_lock_ttl_s=3",
     "replication_workers=4",
+    "replication_retry_backoff_s=1",
     "lease_ttl_s=3",
 )
 
