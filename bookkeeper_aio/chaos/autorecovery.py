@@ -20,6 +20,7 @@ from pathlib import Path
 from .. import BookKeeper, sandbox
 from ..autorecovery.checker import check_ledger
 from ..errors import NoSuchLedgerError
+from ..metadata.underreplication import read_mark
 from .base import _event_wait
 
 WQ_WAIT_S = 90.0
@@ -37,6 +38,23 @@ AUTORECOVERY_SETTINGS = (
 def autorecovery_process(uri: str, log_path: Path) -> AbstractContextManager[subprocess.Popen]:
     """The run's autorecovery process (sandbox.autorecovery_process, short delays)."""
     return sandbox.autorecovery_process(uri, log_path, AUTORECOVERY_SETTINGS)
+
+
+async def _describe(bk: BookKeeper, lid: int, lost: set[str]) -> str:
+    """What is short in a ledger, and what its mark (if any) says."""
+    md = (await bk.ctx.metadata.read_ledger(lid)).value
+    registered = set(await bk.ctx.metadata.list_bookies())
+    check = await check_ledger(bk.ctx, md, registered, lost)
+    rows = [f"{r.first}[{r.index}] {r.bookie} {r.status}" for r in check.rows if r.status != "ok"]
+    mark = await read_mark(bk.ctx.metadata, lid)
+    said = (
+        "no mark"
+        if mark is None
+        else (
+            f"mark {mark.value.reasons()} attempts {mark.value.attempts}: {mark.value.last_error}"
+        )
+    )
+    return f"ledger {lid} {md.state.value}: {rows}, {said}"
 
 
 class _Autorecovery:
@@ -66,6 +84,12 @@ class _Autorecovery:
             self.report.lost_for_good += 1
             self.say(f"kill -9 {self.name(victim)} for good (autorecovery must replace it)")
 
+    async def _why_short(self, bk: BookKeeper, lid: int, lost: set[str]) -> str:
+        try:
+            return await _describe(bk, lid, lost)
+        except NoSuchLedgerError:
+            return f"ledger {lid} deleted"
+
     async def back_at_wq(self, bk: BookKeeper) -> None:
         """Wait until every ledger has all its copies on live bookies (see module doc)."""
         lost = {self.bookies[i].address for i in self.lost}
@@ -88,7 +112,8 @@ class _Autorecovery:
             if pending:
                 await asyncio.sleep(1.0)
         if pending:
+            why = [await self._why_short(bk, lid, lost) for lid in pending[:3]]
             self.error(f"{len(pending)} ledgers not back at WQ {WQ_WAIT_S} s after healing: "
-                       f"{pending[:5]}")  # fmt: skip
+                       f"{pending[:5]}; {'; '.join(why)}")  # fmt: skip
         else:
             self.say(f"every ledger back at WQ (lost for good: {sorted(lost)})")
