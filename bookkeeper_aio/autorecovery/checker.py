@@ -8,7 +8,9 @@ GET_LIST_OF_ENTRIES_OF_LEDGER replicas check). The answer per bookie is one of:
 
 * ``ok`` — it holds every entry;
 * ``missing`` — it lacks some (or, NO_SUCH_LEDGER, all): a :class:`Missing` to mark;
-* ``lost`` — autorecovery declared it lost (or it is being decommissioned): all of it;
+* ``lost`` — autorecovery declared it lost (or it is being decommissioned): all of it, and
+  it is replaced even in a fragment where it holds no entry (a short striped fragment), so
+  that no ensemble names it any more;
 * ``error`` — it answered LIST_ENTRIES with an error (a failed ledger dir): all of it;
 * ``unreachable`` — not registered, or no answer: not marked here, because a bookie that is
   merely restarting must not be re-replicated; the auditor's lost-bookie delay decides that.
@@ -123,10 +125,10 @@ async def _row(
     present: dict[str, fr.Ranges | str],
 ) -> Row:
     expected = fr.count(runs)
+    if bookie in gone:  # even without entries here: a lost bookie leaves every ensemble
+        return Row(f.first, f.last, index, bookie, expected, runs, "lost")
     if not expected:
         return Row(f.first, f.last, index, bookie, 0, (), "ok")
-    if bookie in gone:
-        return Row(f.first, f.last, index, bookie, expected, runs, "lost")
     if bookie not in registered:
         return Row(f.first, f.last, index, bookie, expected, None, "unreachable")
     if bookie not in present:  # one listing per bookie and ledger, for all its fragments

@@ -326,7 +326,7 @@ class ReplicationWorker:
     ) -> None:
         by_fragment: dict[int, set[int]] = {}
         for r in check.rows:
-            if r.status in ("lost", "error") and r.expected:
+            if r.status in ("lost", "error"):  # also where it holds nothing: off every ensemble
                 by_fragment.setdefault(r.first, set()).add(r.index)
         for f in fr.fragments(md):
             indexes = by_fragment.get(f.first)
@@ -396,6 +396,8 @@ class ReplicationWorker:
     ) -> None:
         """Copy ``runs`` of fragment ``f`` to ``target``: what it lacks (or, ``force``, all
         of them: copies it holds are corrupt)."""
+        if not runs:
+            return
         held = await list_present(self.ctx, target, job.ledger_id)
         if isinstance(held, str):
             raise TargetUnavailable(f"ledger {job.ledger_id}: target {target} is {held}")
