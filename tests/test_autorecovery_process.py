@@ -22,6 +22,7 @@ import pytest
 
 from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.autorecovery.checker import check_ledger
+from bookkeeper_aio.autorecovery.state import INCARNATIONS_PREFIX, process_statistics
 from bookkeeper_aio.config import ClientConfig
 from bookkeeper_aio.metadata.store import open_metadata_store
 from bookkeeper_aio.quorum import write_set
@@ -170,7 +171,11 @@ async def test_decommission_of_a_live_bookie_and_of_an_unknown_one(tmp_path, etc
         with _autorecovery(tmp_path, etcd_uri, "lost_bookie_recovery_delay_s=30"):
             unknown = _shell(etcd_uri, "decommission", "--bookie", "10.9.9.9:1")
             assert unknown.returncode == 1 and "unknown bookie" in unknown.stderr
-            await asyncio.sleep(1.5)  # the autorecovery process publishes itself
+
+            async def running() -> bool:  # the autorecovery process has published itself
+                return bool(await process_statistics(bk.ctx.metadata))
+
+            await _wait(running, 30, "the autorecovery process runs")
             result = await asyncio.to_thread(
                 _shell, etcd_uri, "decommission", "--bookie", leaving, timeout_s=60
             )
@@ -187,8 +192,13 @@ async def test_a_bookie_formatted_again_gets_its_copies_back(tmp_path, etcd_uri)
     async with _running(procs, etcd_uri), BookKeeper.connect(etcd_uri) as bk:
         written = await _write_closed(bk, 4, 6)
         with _autorecovery(tmp_path, etcd_uri, "lost_bookie_recovery_delay_s=60"):
-            await asyncio.sleep(1.0)  # the auditor records the incarnations it sees
             target = procs[0]
+
+            async def recorded() -> bool:  # the auditor records the incarnations it sees
+                key = INCARNATIONS_PREFIX + target.address
+                return await bk.ctx.metadata.get(key) is not None
+
+            await _wait(recorded, 30, "the auditor records the bookie's incarnation")
             target.kill()
             lid = next(iter(written))
             short = await asyncio.to_thread(_shell, etcd_uri, "ledger-check", str(lid))
@@ -230,13 +240,17 @@ async def test_a_failing_ledger_dir_is_taken_out_and_its_ledgers_re_replicated(t
     sick.extra += ["--ledger-dir", str(sick.root / "ledgers2")]  # two dirs: one will fail
     async with _running(procs, etcd_uri):
         async with BookKeeper.connect(etcd_uri) as bk:
-            written = await _write_closed(bk, 8, 5)
-            on_sick = [lid for lid in written if sick.address in
-                       (await bk.ctx.metadata.read_ledger(lid)).value.bookies()]  # fmt: skip
-            # ledger_dirs.LedgerDirs puts a new ledger in dir ledger_id % 2 (of the good ones)
-            failing = [lid for lid in on_sick if lid % 2 == 0]
-            kept = [lid for lid in on_sick if lid % 2 == 1]
-            assert failing and kept, on_sick
+            # ledger_dirs.LedgerDirs puts a new ledger in dir ledger_id % 2 (of the good ones):
+            # write until the sick bookie has ledgers in both dirs (ids are random).
+            written: dict[int, list[bytes]] = {}
+            failing: list[int] = []
+            kept: list[int] = []
+            while not (failing and kept) and len(written) < 60:
+                (lid, payloads), *_ = (await _write_closed(bk, 1, 5)).items()
+                written[lid] = payloads
+                if sick.address in (await bk.ctx.metadata.read_ledger(lid)).value.bookies():
+                    (kept if lid % 2 else failing).append(lid)
+            assert failing and kept, written
             # No lost-bookie delay or periodic check can act: only the bookie's own report.
             settings = ("lost_bookie_recovery_delay_s=600", "audit_interval_s=3600")
             with _autorecovery(tmp_path, etcd_uri, *settings):
