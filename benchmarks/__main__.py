@@ -7,7 +7,8 @@ bookie memory when writers push faster than the bookies sync), floor (one add th
 servers with the same I/O and network: this machine's floor), log (log appends with
 rollovers against plain ledger writes), kafka (aiokafka's producer through the Kafka gateway
 against direct log appends), spark (the Spark sink and source against the client, and the
-commit's cost), all.
+commit's cost), rereplication (autorecovery after losing a bookie: copy rate against the
+disk's limit, time back to WQ), all.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from . import (
     overload,
     reads,
     recovery,
+    rereplication,
     spark,
     suite,
     tail,
@@ -49,6 +51,11 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
     "log": (logs, logs.run_log, "log appends with rollovers vs plain ledger writes"),
     "kafka": (kafka, kafka.run_kafka, "aiokafka through the Kafka gateway vs direct log appends"),
     "spark": (spark, spark.run_spark, "rows/s through the Spark sink and source; commit cost"),
+    "rereplication": (
+        rereplication,
+        rereplication.run_rereplication,
+        "autorecovery after a lost bookie: copy MB/s vs the disk, time to WQ",
+    ),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
 }
 

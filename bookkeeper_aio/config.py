@@ -12,13 +12,14 @@ to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from .errors import ConfigError
 
@@ -61,6 +62,9 @@ def set_options(items: list[str]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class _Config:
     """Shared loading and validation of configuration dataclasses."""
+
+    # Keys whose unit suffix would make them positive, but for which 0 means "at once".
+    ZERO_ALLOWED: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], source: str = "config") -> Self:
@@ -110,9 +114,15 @@ class _Config:
         """
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name} must be a finite number, got {value}")
             positive = f.name.endswith(("_max", "_s", "_ms", "_bytes")) and not f.name.endswith(
                 "_wait_ms"
             )
+            if f.name in self.ZERO_ALLOWED and isinstance(value, int | float) and value < 0:
+                raise ConfigError(f"{f.name} must be >= 0, got {value}")
+            if f.name in self.ZERO_ALLOWED:
+                continue
             if positive and isinstance(value, int | float) and value <= 0:
                 raise ConfigError(f"{f.name} must be > 0, got {value}")
 
@@ -141,7 +151,41 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
 
 
 @dataclass(frozen=True)
-class BookieConfig(_Config):
+class AutorecoverySettings(_Config):
+    """The autorecovery keys (BP-31), defined once: an autorecovery process
+    (:class:`AutorecoveryConfig`) and a bookie running it in-process (``--autorecovery true``,
+    :class:`BookieConfig`) read the same keys and run the same code (docs/durability.md)."""
+
+    # A bookie gone from the registry this long is lost: its ledgers are re-replicated.
+    lost_bookie_recovery_delay_s: float = 60.0
+    # Every this often the auditor lists each fragment's entries on its bookies.
+    audit_interval_s: float = 3600.0
+    # An open ledger whose last fragment has a lost bookie is fenced and recovered only
+    # after its writer had this long to replace the bookie itself.
+    open_ledger_rereplication_grace_s: float = 30.0
+    replication_workers: int = 2  # marks worked on at once by one process
+    replication_rate_bytes_per_s: int = 256 * MiB  # copy rate of one process
+    replication_entries_in_flight_max: int = 64  # entries read or written at once per mark
+    audit_ledgers_in_flight_max: int = 16  # ledgers checked at once by an audit
+    replication_lock_ttl_s: int = 10  # a dead worker's lock on a mark expires after this
+    replication_retry_backoff_s: float = 5.0  # a mark that failed waits this long first
+
+    ZERO_ALLOWED: ClassVar[frozenset[str]] = frozenset(
+        {"lost_bookie_recovery_delay_s", "open_ledger_rereplication_grace_s"}
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.replication_workers < 0:
+            raise ConfigError(f"replication_workers must be >= 0, got {self.replication_workers}")
+        if self.replication_lock_ttl_s < 2:
+            raise ConfigError(
+                f"replication_lock_ttl_s must be >= 2, got {self.replication_lock_ttl_s}"
+            )
+
+
+@dataclass(frozen=True)
+class BookieConfig(AutorecoverySettings):
     """A bookie's configuration (``python -m bookkeeper_aio.bookie --config FILE``)."""
 
     # Where it listens and how clients find it.
@@ -206,6 +250,13 @@ class BookieConfig(_Config):
     list_entries_max: int = 100_000  # entry ids per LIST_ENTRIES answer
     shutdown_timeout_s: float = 30.0
 
+    # BP-31: run the auditor election and replication workers in this process too (needs
+    # metadata_uri); the autorecovery keys are those of AutorecoverySettings.
+    autorecovery: bool = False
+    # Testing only: a ledger dir's engine fails every call with EIO once a file named
+    # INJECT_IO_ERROR exists in that dir (docs/durability.md, disk problems).
+    engine_fault_injection: bool = False
+
     def validate(self) -> None:
         super().validate()
         parse_address(self.listen)
@@ -238,6 +289,8 @@ class BookieConfig(_Config):
             )
         if self.journal_file_bytes_max < self.frame_bytes_max + self.journal_batch_bytes_max:
             raise ConfigError("journal_file_bytes_max must hold a batch plus the largest frame")
+        if self.autorecovery and not self.metadata_uri:
+            raise ConfigError("autorecovery=true needs metadata_uri (marks and locks live there)")
 
     @property
     def bookie_id(self) -> str:
@@ -283,6 +336,9 @@ class ClientConfig(_Config):
     log_read_retries_max: int = 10  # failed reads of one batch before a log reader raises
     log_open_timeout_s: float = 60.0  # a writer's takeover: epoch, recovery, first ledger
     log_rollover_timeout_s: float = 30.0  # a rollover: drain, close, compare-and-swap
+    # BP-31: writers and readers mark a ledger under-replicated when they see a copy missing
+    # (a bookie failed after the entry reached AQ; a replica's error or bad digest).
+    mark_short_copies: bool = True
 
     def validate(self) -> None:
         super().validate()
@@ -412,3 +468,18 @@ class SparkConfig(_Config):
     sweep_parallel_max: int = 32
     # The attempt records one job may hold (a runaway job is refused, not listed forever).
     job_attempts_max: int = 100_000
+
+
+@dataclass(frozen=True)
+class AutorecoveryConfig(AutorecoverySettings):
+    """An autorecovery process (``python -m bookkeeper_aio.autorecovery --metadata URI``):
+    the autorecovery keys plus where the cluster is and who this process is."""
+
+    metadata_uri: str = ""  # etcd://HOST:PORT[,...]/ROOT or memory://NAME
+    worker_id: str = ""  # how marks' locks and the auditor seat name this process; "" : host:pid
+    lease_ttl_s: int = 10  # the auditor seat's lease: a dead auditor is replaced after this
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.metadata_uri:
+            raise ConfigError("metadata_uri is required (--metadata URI)")

@@ -131,6 +131,27 @@ class BookieProcess:
 
 
 @contextlib.contextmanager
+def autorecovery_process(
+    uri: str, log_path: Path, settings: tuple[str, ...] = (), *extra: str
+) -> Iterator[subprocess.Popen]:
+    """``python -m bookkeeper_aio.autorecovery --metadata URI --set KEY=VALUE...`` logging to
+    ``log_path``; stopped on exit (SIGTERM, then SIGKILL)."""
+    sets = [arg for item in settings for arg in ("--set", item)]
+    cmd = [sys.executable, "-m", "bookkeeper_aio.autorecovery", "--metadata", uri, *sets, *extra]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@contextlib.contextmanager
 def bookies(root: Path, count: int, engine: str = "rocksdb", *extra: str) -> Iterator[list]:
     """Start ``count`` bookie processes; kill whatever is left at the end."""
     procs = [BookieProcess(Path(root) / f"bookie-{i}", engine, *extra) for i in range(count)]

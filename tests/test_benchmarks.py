@@ -165,3 +165,15 @@ def test_ratios_against_the_floor():
     assert ratios(row) == {"ratio_p50_vs_floor": pytest.approx(2.0)}
     del row["floor_p50_ms"]
     assert ratios(row) == {}
+
+
+def test_rereplication(tmp_path):
+    out = tmp_path / "rereplication.json"
+    cmd = [sys.executable, "-m", "benchmarks", "rereplication", "--gib", "0.01",
+           "--entry-size", "65536", "--duration", "0.3", "--dir", str(tmp_path),
+           "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-3000:]}"
+    result = json.loads(out.read_text())
+    assert result["copied_mib"] >= 5 and result["copy_mb_per_s"] > 0  # the lost bookie's share
+    assert result["restore_s"] > result["detect_s"] > 0 and result["disk_limit_mb_per_s"] > 0

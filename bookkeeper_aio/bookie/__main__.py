@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="false: adds skip the journal (BP-46; needs --metadata)")  # fmt: skip
     p.add_argument("--cookie-auto-fix", choices=("true", "false"),
                    help="true: repair a wiped dir (fence, limbo, restamp)")  # fmt: skip
+    p.add_argument("--autorecovery", choices=("true", "false"),
+                   help="true: also run autorecovery (auditor candidate and replication "
+                   "workers; needs --metadata; docs/durability.md)")  # fmt: skip
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                    help="any other config key (TOML value syntax), repeatable")  # fmt: skip
     p.add_argument("--log-level", default="INFO")
@@ -58,7 +61,7 @@ def build_config(args: argparse.Namespace) -> BookieConfig:
             overrides[name] = value
     if args.ledger_dir:
         overrides["ledger_dirs"] = tuple(args.ledger_dir)
-    for name in ("journal_write_data", "cookie_auto_fix"):
+    for name in ("journal_write_data", "cookie_auto_fix", "autorecovery"):
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value == "true"

@@ -29,6 +29,7 @@ import asyncio
 import json
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,17 +62,22 @@ class CookieCheck:
     repair: str | None = None
     missing: tuple[Path, ...] = ()
     store_version: int | None = None
+    # BP-31 bookie incarnation: drawn when the cookie is first written (a bookie formatted
+    # again gets a new one); "" for a cookie written before incarnations existed.
+    incarnation: str = ""
 
 
-def cookie_for(config: BookieConfig, instance_id: str) -> bytes:
-    """The cookie this bookie's configuration implies."""
-    doc = {
+def cookie_for(config: BookieConfig, instance_id: str, incarnation: str = "") -> bytes:
+    """The cookie this bookie's configuration implies (with its incarnation, if any)."""
+    doc: dict[str, object] = {
         "format_version": 1,
         "instance_id": instance_id,
         "bookie_id": config.bookie_id,
         "journal_dir": str(Path(config.journal_dir).resolve()),
         "ledger_dirs": [str(Path(d).resolve()) for d in config.ledger_dirs],
     }
+    if incarnation:
+        doc["incarnation"] = incarnation
     return json.dumps(doc, sort_keys=True).encode()
 
 
@@ -112,27 +118,31 @@ async def check_cookies(config: BookieConfig, store: MetadataStore) -> CookieChe
             "the cluster has no instance id: run "
             "`python -m bookkeeper_aio.shell --metadata URI init-cluster` first"
         )
-    expected = cookie_for(config, instance_id)
     local = await asyncio.to_thread(_read_local, config)
     remote = await store.get_cookie(config.bookie_id)
     if remote is None and all(v is None for v in local.values()):
+        incarnation = uuid.uuid4().hex  # a new bookie, or one formatted again (BP-31)
+        expected = cookie_for(config, instance_id, incarnation)
         await store.put_cookie(config.bookie_id, expected, None)
         for d in local:
             await asyncio.to_thread(_write_local, d, expected)
-        return CookieCheck(instance_id)
+        log.info("bookie %s: new cookie, incarnation %s", config.bookie_id, incarnation)
+        return CookieCheck(instance_id, incarnation=incarnation)
     if remote is None:
         raise CookieError(
             f"bookie {config.bookie_id} has local cookies but none in the metadata store "
             f"(wrong --metadata URI, or the cookie was deleted). {_DECOMMISSION}"
         )
     stored, fix_requested = _identity(remote.value)
+    incarnation = str(json.loads(stored).get("incarnation", ""))
+    expected = cookie_for(config, instance_id, incarnation)
     _compare(config, expected, local, stored)
     missing = tuple(d for d, data in local.items() if data is None)
     if not missing:
         if fix_requested:  # approved but nothing to fix: drop the approval, never keep it armed
             await store.put_cookie(config.bookie_id, expected, remote.version)
             log.info("bookie %s: cookie fix requested but the cookies are intact", config.bookie_id)
-        return CookieCheck(instance_id)
+        return CookieCheck(instance_id, incarnation=incarnation)
     dirs = ", ".join(str(d) for d in missing)
     if not (config.cookie_auto_fix or fix_requested):
         raise CookieError(
@@ -144,13 +154,15 @@ async def check_cookies(config: BookieConfig, store: MetadataStore) -> CookieChe
             f"start it with --cookie-auto-fix true). {_DECOMMISSION}"
         )
     how = "cookie_auto_fix" if config.cookie_auto_fix else "cookie-fix requested"
-    return CookieCheck(instance_id, f"no cookie in {dirs} ({how})", missing, remote.version)
+    return CookieCheck(
+        instance_id, f"no cookie in {dirs} ({how})", missing, remote.version, incarnation
+    )
 
 
 async def restamp_cookies(config: BookieConfig, store: MetadataStore, check: CookieCheck) -> None:
     """After phase one: write the missing dirs' cookies, then the store's (clearing a fix
     request). Only the request flag may have changed meanwhile; anything else raises."""
-    expected = cookie_for(config, check.instance_id)
+    expected = cookie_for(config, check.instance_id, check.incarnation)
     for d in check.missing:
         await asyncio.to_thread(_write_local, d, expected)
     version = check.store_version

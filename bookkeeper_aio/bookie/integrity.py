@@ -39,15 +39,15 @@ from typing import Any
 from ..client.bookie_client import BookiePool
 from ..client.context import ClientContext
 from ..client.placement import PlacementPolicy
-from ..client.reads import entry_ok, request
+from ..client.reads import read_copy
 from ..client.recovery import recover
+from ..client.short_copies import ShortCopies
 from ..config import BookieConfig, ClientConfig
 from ..digest import pack_entry_record, payload_digest
 from ..errors import BookKeeperError, NoSuchLedgerError
 from ..metadata.model import LedgerMetadata, LedgerState
 from ..metadata.store import MetadataStore
 from ..net import Network
-from ..protocol import ReadRequest
 from ..quorum import write_set
 from .handler import UNKNOWN_KEY, RequestHandler
 
@@ -196,30 +196,36 @@ class DataIntegrity:
             peers = [b for b in members if b != self.bookie_id]
             tasks.append(self._copy(md.ledger_id, entry_id, peers, limit))
         results = await asyncio.gather(*tasks)
-        if not all(results):
-            raise BookKeeperError(f"ledger {md.ledger_id}: {results.count(False)} entries could "
+        failed = [entry_id for entry_id, ok in results if not ok]
+        if failed:
+            # BP-31: what it cannot repair by itself, autorecovery may (from other replicas,
+            # or by replacing this bookie); the periodic check would find it much later.
+            await self._short(md.ledger_id, failed)
+            raise BookKeeperError(f"ledger {md.ledger_id}: {len(failed)} entries could "
                                   "not be copied from any peer")  # fmt: skip
+
+    async def _short(self, ledger_id: int, entries: list[int]) -> None:
+        short = ShortCopies(self.metadata, ledger_id, "integrity check could not repair")
+        for entry_id in entries:
+            short.add(self.bookie_id, entry_id)
+        await short.report()
 
     async def _copy(
         self, ledger_id: int, entry_id: int, peers: list[str], limit: asyncio.Semaphore
-    ) -> bool:
+    ) -> tuple[int, bool]:
         async with limit:
-            for peer in peers:
-                response: Any = await request(
-                    self.ctx, peer, ReadRequest, ledger_id, entry_id, 0, None, -1, 0
-                )
-                if entry_ok(ledger_id, response):
-                    record = pack_entry_record(response.entry_lac,
-                                               payload_digest(response.payload),
-                                               response.digest, response.payload)  # fmt: skip
-                    done = asyncio.get_running_loop().create_future()
-                    self.handler.store_copy(ledger_id, entry_id, record,
-                                            lambda exc, d=done: _settle(d, exc))  # fmt: skip
-                    await done
-                    self.counters["entries_copied"] += 1
-                    return True
-            self.counters["copy_failures"] += 1
-            return False
+            response: Any = await read_copy(self.ctx, ledger_id, entry_id, peers)
+            if response is None:
+                self.counters["copy_failures"] += 1
+                return entry_id, False
+            record = pack_entry_record(response.entry_lac, payload_digest(response.payload),
+                                       response.digest, response.payload)  # fmt: skip
+            done = asyncio.get_running_loop().create_future()
+            self.handler.store_copy(ledger_id, entry_id, record,
+                                    lambda exc, d=done: _settle(d, exc))  # fmt: skip
+            await done
+            self.counters["entries_copied"] += 1
+            return entry_id, True
 
 
 def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:

@@ -27,6 +27,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ..config import BookieConfig, MetadataConfig
 from ..engine import Engine
@@ -37,6 +38,7 @@ from .cookie import CookieCheck
 from .disk import next_read_only
 from .handler import RequestHandler
 from .integrity import BOOKIE_BUGS, DataIntegrity
+from .ledger_dirs import LedgerDirs
 from .storage import BookieJournal, BookieStorage, DiskStorage
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,7 @@ class Bookie:
         self.metadata: MetadataStore | None = metadata
         self.instance_id: str | None = None
         self._registration: BookieRegistration | None = None
+        self.autorecovery: Any = None  # BP-31 --autorecovery: the in-process service
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -127,6 +130,8 @@ class Bookie:
             self._journal_pressure, self._fatal
         )
         self._journal = journal
+        if isinstance(self._engine, LedgerDirs):
+            self._engine.on_failed = self._dir_failed
         self._handler = RequestHandler(self._engine, journal, cfg, on_fatal=self._fatal)
         await journal.checkpoint(self._engine.sync)
         await self._check_disks()
@@ -135,12 +140,19 @@ class Bookie:
         self._server = await self.network.start_server(lambda: BookieConnection(self), cfg.listen)
         if self.metadata is not None:
             self._registration = await self.metadata.register_bookie(
-                cfg.bookie_id, cfg.bookie_id, cfg.rack, self.handler.read_only
-            )
+                cfg.bookie_id, cfg.bookie_id, cfg.rack, self.handler.read_only,
+                cookies.incarnation if cookies is not None else "",
+            )  # fmt: skip
         self._tasks = [
             asyncio.create_task(self._checkpoint_loop(), name="bookie-checkpoint"),
             asyncio.create_task(self._disk_loop(), name="bookie-disk-monitor"),
         ]
+        if cfg.autorecovery and self.metadata is not None:
+            from ..autorecovery.service import in_bookie  # an optional part of the bookie
+
+            self.autorecovery = await self._exit_stack.enter_async_context(
+                in_bookie(cfg, self.metadata, self.network, cfg.bookie_id, self.rng)
+            )
         if self.integrity is not None:
             # With the journal, only a repair (wiped dir, limbo left over) needs checking: once.
             interval = 0.0 if cfg.journal_write_data else cfg.data_integrity_check_interval_s
@@ -220,11 +232,15 @@ class Bookie:
         cfg, handler = self.config, self.handler
         usage = await self.storage.disk_usage()
         handler.disk_space = (usage.free_bytes, usage.total_bytes)
-        read_only = cfg.force_read_only or next_read_only(
-            handler.read_only,
-            usage.used_fraction_max,
-            cfg.disk_usage_threshold,
-            cfg.disk_usage_lwm_threshold,
+        read_only = (
+            cfg.force_read_only
+            or self._no_good_dir()
+            or next_read_only(
+                handler.read_only,
+                usage.used_fraction_max,
+                cfg.disk_usage_threshold,
+                cfg.disk_usage_lwm_threshold,
+            )
         )
         if read_only != handler.read_only:
             log.warning(
@@ -235,6 +251,31 @@ class Bookie:
             handler.read_only = read_only
             if self._registration is not None:
                 await self._registration.update(read_only=read_only)
+
+    # --- ledger dirs that fail (BP-31) ------------------------------------------------------
+
+    def _no_good_dir(self) -> bool:
+        return isinstance(self._engine, LedgerDirs) and self._engine.good == 0
+
+    def _dir_failed(self, directory: str, ledgers: list[int], good_left: int) -> None:
+        """A ledger dir went out of service (ledger_dirs.py): read-only if it was the last
+        good one, and its ledgers marked under-replicated now."""
+        self.counters["ledger_dirs_failed"] += 1
+        log.error("bookie %s: ledger dir %s failed: out of service, %d good dir(s) left; its "
+                  "%d ledgers are marked under-replicated", self.config.bookie_id, directory,
+                  good_left, len(ledgers))  # fmt: skip
+        self._tasks.append(
+            asyncio.create_task(self._act_on_dir_failure(ledgers), name="bookie-dir-failed")
+        )
+
+    async def _act_on_dir_failure(self, ledgers: list[int]) -> None:
+        if self._no_good_dir():
+            await self._check_disks()  # read-only now, and registered as such
+        if self.metadata is None or not ledgers:
+            return
+        from .dir_marks import mark_dir_ledgers
+
+        await mark_dir_ledgers(self.metadata, self.config.bookie_id, ledgers)
 
     # --- failure and shutdown -------------------------------------------------------------
 
@@ -267,6 +308,8 @@ class Bookie:
             task.cancel()
         if self._registration is not None:
             self._registration.abandon()
+        if self.autorecovery is not None:
+            self.autorecovery.abort()
         self.closed.set()
 
     async def stop(self) -> None:
@@ -328,4 +371,7 @@ class Bookie:
             "handler": self.handler.statistics(),
             "journal": self._journal.statistics() if self._journal else {},
             "integrity": self.integrity.statistics() if self.integrity else {},
-        }
+            "autorecovery": self.autorecovery.statistics() if self.autorecovery else {},
+            "ledger_dirs": self._engine.statistics() if isinstance(self._engine, LedgerDirs)
+            else {},
+        }  # fmt: skip

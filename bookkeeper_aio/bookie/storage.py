@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from engines import open_engine
 
@@ -29,6 +29,7 @@ from .cookie import CookieCheck, check_cookies, restamp_cookies
 from .disk import DiskUsage, disk_usage
 from .handler import JournalSink
 from .journal import Journal, fsync_dir
+from .ledger_dirs import LedgerDirs, open_dirs
 from .records import replay_into
 
 DIRTY_FILE = "DIRTY"  # present while the bookie runs: left behind by a crash (BP-46)
@@ -101,17 +102,18 @@ class DiskStorage:
         await asyncio.to_thread(_make_dirs, (cfg.journal_dir, *cfg.ledger_dirs))
         engine = self._engine
         if engine is None:
-            engine = await asyncio.to_thread(
-                partial(
-                    open_engine,
-                    cfg.engine,
-                    cfg.ledger_dirs,
-                    journaled=cfg.journal_write_data,
-                    direct_io=cfg.engine_direct_io,
-                    blob_files=cfg.engine_blob_files,
-                    write_behind_bytes=cfg.engine_write_behind_bytes,
-                )
+            one_dir = partial(
+                _open_one,
+                cfg.engine,
+                journaled=cfg.journal_write_data,
+                direct_io=cfg.engine_direct_io,
+                blob_files=cfg.engine_blob_files,
+                write_behind_bytes=cfg.engine_write_behind_bytes,
             )
+            shards = await asyncio.to_thread(
+                open_dirs, cfg.ledger_dirs, one_dir, inject=cfg.engine_fault_injection
+            )
+            engine = LedgerDirs(shards)  # a failing dir goes out of service (ledger_dirs.py)
         journal = Journal(cfg.journal_dir, cfg, on_pressure=on_pressure, on_failure=on_failure)
         replayed = await asyncio.to_thread(replay_into, engine, journal.replay())
         await journal.start()
@@ -128,6 +130,10 @@ class DiskStorage:
 
     async def mark_running(self, running: bool) -> None:
         await asyncio.to_thread(_mark_dirs, self.config.ledger_dirs, running)
+
+
+def _open_one(name: str, directory: str, **options: Any) -> Engine:
+    return open_engine(name, [directory], **options)
 
 
 def _mark_dirs(dirs: tuple[str, ...], running: bool) -> None:

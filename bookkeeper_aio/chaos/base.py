@@ -123,6 +123,8 @@ class ChaosReport:
     closed_under_writer: int = 0  # writers that found their ledger closed by someone else
     writer_failures: collections.Counter[str] = field(default_factory=collections.Counter)
     ensemble_changes: int = 0
+    lost_for_good: int = 0  # bookies killed and never started again (autorecovery's job)
+    back_at_wq: int = 0  # ledgers with every copy on live bookies at the end
 
     @property
     def ok(self) -> bool:
@@ -153,6 +155,8 @@ class ChaosReport:
             f"{self.closed_under_writer} closed under them, {self.ensemble_changes} ensemble "
             f"changes, other failures: {failures or 'none'}",
             f"  verified {self.verified_entries} entries; errors {len(self.errors)}",
+            f"  autorecovery: {self.lost_for_good} bookies lost for good, {self.back_at_wq} of "
+            f"{self.ledgers} ledgers back at WQ",
         ]
         lines += [f"  ANOMALY x{n}: {text}" for text, n in self.anomalies.most_common()]
         lines += [f"  ERROR {e}" for e in self.errors[:DETAILS_MAX]]

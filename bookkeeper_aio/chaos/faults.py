@@ -160,8 +160,8 @@ class _Faults:
                     bookie.signal(signal.SIGCONT)
         self.frozen.clear()
         for index, bookie in enumerate(self.bookies):
-            if not bookie.running and index not in self.starting:
+            if not bookie.running and index not in self.starting and index not in self.lost:
                 await self.start(index)
-        self.say("healed: every bookie running")
+        self.say("healed: every bookie running (but those lost for good)")
 
     # --- writers --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from .. import (
     LedgerWriter,
 )
 from ..sandbox import Cluster
+from .autorecovery import _Autorecovery, autorecovery_process
 from .base import (
     BOOKIE_START_TIMEOUT_S,
     CONFIG,
@@ -33,7 +34,7 @@ from .verify import _Verify
 from .workload import _Workload
 
 
-class _Chaos(_Faults, _Workload, _Verify):
+class _Chaos(_Faults, _Workload, _Verify, _Autorecovery):
     """One run; see the module docstring."""
 
     def __init__(
@@ -57,6 +58,7 @@ class _Chaos(_Faults, _Workload, _Verify):
         self.live: dict[int, LedgerWriter] = {}  # ledgers whose writer is appending
         self.unavailable: set[int] = set()  # bookie indexes dead or frozen
         self.frozen: set[int] = set()
+        self.lost: set[int] = set()  # killed for good: never started again
         self.starting: set[int] = set()
         self.max_unavailable = max(0, min(2, len(self.bookies) - 3))
         self.stop_faults = asyncio.Event()
@@ -88,13 +90,16 @@ async def run_chaos(
     rate: float = 250.0,
     bugs: frozenset[str] = frozenset(),
     say: Callable[[str], None] = print,
+    lose: int = 1,
 ) -> ChaosReport:
     """Run writers, a recovering reader and faults for ``duration_s``; heal; verify.
 
     ``cluster`` must be started (at least 4 bookies; 5 allow two faults at once). ``rate`` is
     entries per second per writer; ``bugs`` re-introduces known client bugs (the simulator's
     switches, e.g. ``unknown-as-negative``) in the reader's client, to see the check catch
-    them. Every bookie runs and none is frozen when this returns.
+    them. ``lose`` bookies are killed for good while an autorecovery process runs: at the
+    end every ledger must be back at WQ (chaos/autorecovery.py). Every bookie but those lost
+    runs and none is frozen when this returns.
     """
     chaos = _Chaos(cluster, duration_s, seed, writers, rate, say)
     loop = asyncio.get_running_loop()
@@ -110,6 +115,9 @@ async def run_chaos(
     tasks: list[asyncio.Task[Any]] = []
     try:
         async with contextlib.AsyncExitStack() as stack:
+            if lose:
+                log = Path(cluster.root) / "autorecovery.log"
+                stack.enter_context(autorecovery_process(cluster.uri, log))
             clients = []
             for i in range(writers + 1):  # 0: the reader; then one per writer
                 rng = random.Random(f"{seed}/client/{i}")
@@ -125,6 +133,7 @@ async def run_chaos(
             work.append(asyncio.create_task(chaos.reader(clients[0])))
             faults = asyncio.create_task(chaos.fault_loop(clients[0]))
             tasks = [*work, faults, asyncio.create_task(chaos.watch())]
+            tasks.append(asyncio.create_task(chaos.lose_bookies(lose)))
             await asyncio.sleep(duration_s)
 
             chaos.stop_faults.set()
@@ -140,8 +149,10 @@ async def run_chaos(
                 elif (exc := task.exception()) is not None:
                     chaos.error("".join(traceback.format_exception(exc)))
             chaos.say("writers stopped; verifying every ledger with a fresh client")
-        async with BookKeeper.connect(cluster.uri, CONFIG) as bk:
-            await chaos.verify(bk)
+            async with BookKeeper.connect(cluster.uri, CONFIG) as bk:
+                await chaos.verify(bk)
+                if lose:
+                    await chaos.back_at_wq(bk)
     finally:
         for task in [*tasks, *chaos.fault_tasks]:
             task.cancel()
@@ -167,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", type=int, default=3)
     parser.add_argument("--rate", type=float, default=250.0, help="entries/s per writer")
     parser.add_argument("--engine", default="rocksdb", choices=("rocksdb", "files"))
+    parser.add_argument("--lose", type=int, default=1,
+                        help="bookies killed for good (autorecovery runs; 0: none)")  # fmt: skip
     parser.add_argument("--dir", help="keep the cluster's data and logs here")
     parser.add_argument(
         "--bug", action="append", default=[], help="a known client bug for the reader to have"
@@ -186,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_chaos(
                     cluster, args.duration, seed, writers=args.writers, rate=args.rate,
                     bugs=frozenset(args.bug), say=lambda text: print(text, flush=True),
+                    lose=args.lose,
                 )
             )  # fmt: skip
     except KeyboardInterrupt:

@@ -106,6 +106,7 @@ class BookKeeper:
                 ledger_id, ensemble_size, write_quorum, ack_quorum, ((0, ensemble),),
                 password_hash=password_hash(password), ctime_ms=ctime_ms,
                 custom_metadata=dict(custom_metadata or {}), creator_token=token,
+                master_key=master_key(password).hex(),
             )  # fmt: skip
 
         versioned = await self.ctx.metadata.create_ledger(make)

@@ -19,6 +19,7 @@ from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..protocol import ReadLacRequest
 from .context import ClientContext, LedgerEntry
 from .reads import long_poll, proof_lac, read_entry, request
+from .short_copies import ShortCopies
 
 
 class LedgerReader:
@@ -76,12 +77,19 @@ class LedgerReader:
         a later recovery if they are not)."""
         md = self.metadata
         window = asyncio.Semaphore(self.ctx.config.reads_parallel_max)
+        short = ShortCopies(self.ctx.metadata, self.ledger_id, "read error")
+        lac = self.last_add_confirmed
 
         async def one(entry_id: int) -> LedgerEntry:
             async with window:  # a long range must not exceed the connections' bounds
-                return await read_entry(self.ctx, md, entry_id)
+                below = entry_id <= lac  # it exists: a replica without it is short (BP-31)
+                return await read_entry(self.ctx, md, entry_id, short.add if below else None)
 
-        return list(await asyncio.gather(*(one(e) for e in range(first, last + 1))))
+        try:
+            return list(await asyncio.gather(*(one(e) for e in range(first, last + 1))))
+        finally:
+            if self.ctx.config.mark_short_copies:
+                await short.report()
 
     async def tail(self, from_entry_id: int = 0, batch: int = 100) -> AsyncIterator[LedgerEntry]:
         """Every entry from ``from_entry_id`` in order, following the writer; ends once the

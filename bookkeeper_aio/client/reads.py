@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import Any
 
 from ..digest import LacProof, entry_digest
@@ -23,6 +24,19 @@ from ..metadata.model import LedgerMetadata
 from ..protocol import READ_FLAG_FENCE, READ_FLAG_LONG_POLL, ReadRequest, ReadResponse
 from ..quorum import write_set
 from .context import ClientContext, LedgerEntry
+
+# Answers that say a replica lacks a good copy (an OK answer here had a wrong digest). Not
+# timeouts, lost connections, overload or limbo: those are the auditor's lost-bookie delay
+# and the bookie's own repair.
+SHORT_COPY_STATUSES = frozenset(
+    {
+        StatusCode.OK,
+        StatusCode.NO_SUCH_ENTRY,
+        StatusCode.NO_SUCH_LEDGER,
+        StatusCode.IO_ERROR,
+        StatusCode.BAD_DIGEST,
+    }
+)
 
 
 def entry_ok(ledger_id: int, response: Any) -> bool:
@@ -50,14 +64,34 @@ async def request(ctx: ClientContext, bookie: str, msg_type: type, *fields: Any,
         return exc
 
 
+async def read_copy(
+    ctx: ClientContext, ledger_id: int, entry_id: int, sources: list[str]
+) -> ReadResponse | None:
+    """A digest-verified copy of the entry from the first of ``sources`` that has one, asked
+    one after the other; None if none has. What every copier uses (the bookie's BP-46 repair,
+    autorecovery)."""
+    for bookie in sources:
+        response = await request(ctx, bookie, ReadRequest, ledger_id, entry_id, 0, None, -1, 0)
+        if entry_ok(ledger_id, response):
+            return response
+    return None
+
+
 def replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
     """The bookies holding ``entry_id``, in write-set order."""
     ensemble = md.ensemble_at(entry_id)
     return [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)]
 
 
-async def read_entry(ctx: ClientContext, md: LedgerMetadata, entry_id: int) -> LedgerEntry:
-    """A verified copy of ``entry_id`` (see the module docstring).
+async def read_entry(
+    ctx: ClientContext,
+    md: LedgerMetadata,
+    entry_id: int,
+    short: Callable[[str, int], None] | None = None,
+) -> LedgerEntry:
+    """A verified copy of ``entry_id`` (see the module docstring). ``short(bookie, entry)``
+    is told of every replica that answered with an error, "no such entry" or a corrupt copy
+    (the caller knows the entry exists: BP-31 read-path detection).
 
     Raises:
         NoSuchEntryError: every replica says it does not have the entry.
@@ -69,9 +103,13 @@ async def read_entry(ctx: ClientContext, md: LedgerMetadata, entry_id: int) -> L
     pending: set[asyncio.Future[Any]] = set()
     negatives = 0
 
+    asked: dict[asyncio.Future[Any], str] = {}
+
     def ask_next() -> None:
         bookie = remaining.popleft()
-        pending.add(asyncio.ensure_future(request(ctx, bookie, ReadRequest, *fields)))
+        future = asyncio.ensure_future(request(ctx, bookie, ReadRequest, *fields))
+        asked[future] = bookie
+        pending.add(future)
 
     ask_next()
     try:
@@ -89,6 +127,8 @@ async def read_entry(ctx: ClientContext, md: LedgerMetadata, entry_id: int) -> L
                     return LedgerEntry(entry_id, result.payload)
                 status = getattr(result, "status", None)
                 negatives += status is not None and is_explicit_negative(status)
+                if short is not None and status in SHORT_COPY_STATUSES:
+                    short(asked[task], entry_id)
             if remaining:
                 ask_next()  # a failed or corrupt answer moves on at once
     finally:
@@ -120,4 +160,12 @@ async def long_poll(
     return previous_lac, None
 
 
-__all__ = ["READ_FLAG_FENCE", "entry_ok", "long_poll", "proof_lac", "read_entry", "replicas"]
+__all__ = [
+    "READ_FLAG_FENCE",
+    "entry_ok",
+    "long_poll",
+    "proof_lac",
+    "read_copy",
+    "read_entry",
+    "replicas",
+]

@@ -58,6 +58,7 @@ from ..protocol import (
 )
 from ..quorum import AckSet, write_set
 from .context import ClientContext
+from .short_copies import ShortCopies
 
 log = logging.getLogger(__name__)
 OVERLOAD_RETRY_S = 0.01  # a bookie or connection at its in-flight bound: wait, resend
@@ -159,6 +160,8 @@ class LedgerWriter:
         # each carries its outcome (no tuple per add: one object fewer for the GC).
         self._to_tell: list[_PendingAdd] = []
         self._lac_task = self._loop.create_task(self._explicit_lac_loop())
+        # BP-31: acknowledged entries a bookie of their write set failed to store.
+        self._short = ShortCopies(ctx.metadata, self.ledger_id, "write failed after ack quorum")
 
     # --- public API -----------------------------------------------------------------------
 
@@ -321,6 +324,8 @@ class LedgerWriter:
             self.ctx.metadata, self.ledger_id, close_at_lac,
             self.ctx.config.metadata_retries_max, current=self._versioned,
         )  # fmt: skip
+        if self.ctx.config.mark_short_copies:
+            await self._short.report()
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -475,6 +480,10 @@ class LedgerWriter:
 
     def _on_add(self, op: _PendingAdd, index: int, bookie: str, result: Any) -> None:
         """``result``: the add's status, or an exception / a response for a failed request."""
+        if op.entry_id <= self.last_add_confirmed and not (
+            type(result) is int and result == StatusCode.OK
+        ):  # acknowledged at AQ, and this copy is not there: under-replicated (BP-31)
+            self._short.add(bookie, op.entry_id)
         if self._ensemble[index] != bookie:
             return  # an answer from a bookie that was replaced
         if type(result) is int and result == StatusCode.OK:
@@ -578,6 +587,8 @@ class LedgerWriter:
                 self._changing -= set(failed)
                 self._resend(failed)
                 self._complete_in_order()
+                if self.ctx.config.mark_short_copies:
+                    await self._short.report()
         except BookKeeperError as exc:
             log.warning("ledger %d: ensemble change failed: %s", self.ledger_id, exc)
             self._fail(exc)

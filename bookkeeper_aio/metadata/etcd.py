@@ -253,10 +253,17 @@ class EtcdMetadataStore(EtcdKeys):
     # --- bookies --------------------------------------------------------------------------
 
     async def register_bookie(
-        self, bookie_id: str, address: str, rack: str | None, read_only: bool
+        self,
+        bookie_id: str,
+        address: str,
+        rack: str | None,
+        read_only: bool,
+        incarnation: str = "",
     ) -> EtcdRegistration:
         check_bookie_id(bookie_id)
-        registration = EtcdRegistration(self, BookieInfo(bookie_id, address, rack, read_only))
+        registration = EtcdRegistration(
+            self, BookieInfo(bookie_id, address, rack, read_only, incarnation)
+        )
         await registration.start()
         self.registrations.append(registration)
         return registration

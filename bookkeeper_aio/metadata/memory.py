@@ -344,10 +344,17 @@ class MemoryMetadataStore(MemoryKeys):
     # --- bookies --------------------------------------------------------------------------
 
     async def register_bookie(
-        self, bookie_id: str, address: str, rack: str | None, read_only: bool
+        self,
+        bookie_id: str,
+        address: str,
+        rack: str | None,
+        read_only: bool,
+        incarnation: str = "",
     ) -> MemoryRegistration:
         check_bookie_id(bookie_id)
-        registration = MemoryRegistration(self, BookieInfo(bookie_id, address, rack, read_only))
+        registration = MemoryRegistration(
+            self, BookieInfo(bookie_id, address, rack, read_only, incarnation)
+        )
         await registration.start()
         self.registrations.append(registration)
         return registration

@@ -131,6 +131,9 @@ class LedgerMetadata:
     ctime_ms: int = 0
     custom_metadata: dict[str, bytes] = field(default_factory=dict)
     creator_token: str = ""
+    # The master key (hex) so that autorecovery can fence and recovery-add copies without the
+    # password, as BookKeeper keeps the password in its metadata; "" for older ledgers.
+    master_key: str = ""
 
     def __post_init__(self) -> None:
         if type(self.ledger_id) is not int or not 0 <= self.ledger_id <= MAX_LEDGER_ID:
@@ -206,6 +209,37 @@ class LedgerMetadata:
             )
         kept = self.ensembles[:-1] if first_entry_id == last_first else self.ensembles
         return self._moved(self.state, ensembles=(*kept, (first_entry_id, tuple(ensemble))))
+
+    def with_replicas_replaced(
+        self, first_entry_id: int, replacements: dict[int, str]
+    ) -> LedgerMetadata:
+        """The segment starting at ``first_entry_id`` with the bookies at the given ensemble
+        indexes replaced (autorecovery: the copies were made first). The state is unchanged.
+
+        Raises:
+            IncorrectParameterError: no such segment, a bad index, a bookie twice in the
+                ensemble, or the last segment of a ledger that is not CLOSED (its writer or
+                recoverer owns it).
+        """
+        firsts = [first for first, _ in self.ensembles]
+        if first_entry_id not in firsts:
+            raise IncorrectParameterError(
+                f"ledger {self.ledger_id}: no segment at {first_entry_id}"
+            )
+        position = firsts.index(first_entry_id)
+        if position == len(firsts) - 1 and not self.is_closed:
+            raise IncorrectParameterError(
+                f"ledger {self.ledger_id}: the last segment of a {self.state.value} ledger "
+                "belongs to its writer or recoverer"
+            )
+        ensemble = list(self.ensembles[position][1])
+        for index, bookie in replacements.items():
+            if not 0 <= index < len(ensemble):
+                raise IncorrectParameterError(f"ledger {self.ledger_id}: no ensemble index {index}")
+            ensemble[index] = bookie
+        segments = list(self.ensembles)
+        segments[position] = (first_entry_id, tuple(ensemble))
+        return dataclasses.replace(self, ensembles=tuple(segments))
 
     def in_recovery(self) -> LedgerMetadata:
         """Marked IN_RECOVERY (a recoverer owns it; the writer's changes will conflict).

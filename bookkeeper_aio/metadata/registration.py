@@ -34,6 +34,7 @@ class BookieInfo(NamedTuple):
     address: str
     rack: str | None
     read_only: bool
+    incarnation: str = ""  # BP-31: from the bookie's cookie; new when it is formatted again
 
 
 class BookieRegistration:

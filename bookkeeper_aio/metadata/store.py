@@ -123,9 +123,15 @@ class MetadataStore(Protocol):
         ...
 
     async def register_bookie(
-        self, bookie_id: str, address: str, rack: str | None, read_only: bool
+        self,
+        bookie_id: str,
+        address: str,
+        rack: str | None,
+        read_only: bool,
+        incarnation: str = "",
     ) -> BookieRegistration:
         """Register under a lease kept alive until ``unregister``/``abandon`` or store close.
+        ``incarnation``: the id in the bookie's cookie (new when it was formatted again).
 
         Raises:
             IncorrectParameterError: a malformed bookie id.
@@ -418,7 +424,13 @@ def bookie_info_from_json(data: bytes) -> BookieInfo:
     """Raises MetadataFormatError for anything but a registration's JSON."""
     try:
         doc = json.loads(data)
-        return BookieInfo(doc["bookie_id"], doc["address"], doc["rack"], bool(doc["read_only"]))
+        return BookieInfo(
+            doc["bookie_id"],
+            doc["address"],
+            doc["rack"],
+            bool(doc["read_only"]),
+            str(doc.get("incarnation", "")),
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise MetadataFormatError(f"invalid bookie registration {data[:200]!r}: {exc}") from exc
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import BookKeeperError, ConfigError
 from ..kafka.errors import KafkaError
-from . import cluster, logs, spark
+from . import autorecovery, cluster, logs, spark
 from .sanity import bookie_sanity
 
 
@@ -55,7 +55,50 @@ def build_parser() -> argparse.ArgumentParser:
     sanity.set_defaults(run=_run_sanity)
     _kafka_commands(commands)
     spark.add_commands(commands)
+    _autorecovery_commands(commands)
     return parser
+
+
+def _autorecovery_commands(commands: Any) -> None:
+    """list-under-replicated, ledger-check, audit, decommission, autorecovery-status."""
+    commands.add_parser(
+        "list-under-replicated", help="under-replicated ledgers: missing copies, since, why"
+    ).set_defaults(run=_autorecovery_command)
+    check = commands.add_parser(
+        "ledger-check", help="every fragment of a ledger: which bookie lacks which entries "
+        "(exit 1 if any copy is missing)",
+    )  # fmt: skip
+    check.add_argument("ledger_id", type=int, metavar="ID")
+    check.set_defaults(run=_autorecovery_command)
+    commands.add_parser(
+        "audit", help="check every ledger now and mark what is short (progress bar)"
+    ).set_defaults(run=_autorecovery_command)
+    leave = commands.add_parser(
+        "decommission", help="move every copy off a live or dead bookie, then remove its "
+        "cookie (progress bar; exit 0 only when done)",
+    )  # fmt: skip
+    leave.add_argument("--bookie", required=True, metavar="BOOKIE_ID")
+    leave.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                       help="give up waiting after this long (exit 1; it goes on)")  # fmt: skip
+    leave.set_defaults(run=_autorecovery_command)
+    commands.add_parser(
+        "autorecovery-status", help="the auditor, SLA figures, processes, lost bookies (JSON)"
+    ).set_defaults(run=_autorecovery_command)
+
+
+async def _autorecovery_command(args: argparse.Namespace) -> tuple[str, int]:
+    if not args.metadata:
+        raise ConfigError(f"{args.command} needs --metadata URI (before the command)")
+    uri = args.metadata
+    if args.command == "list-under-replicated":
+        return await autorecovery.list_under_replicated(uri)
+    if args.command == "ledger-check":
+        return await autorecovery.ledger_check(uri, args.ledger_id)
+    if args.command == "audit":
+        return await autorecovery.audit(uri)
+    if args.command == "decommission":
+        return await autorecovery.decommission(uri, args.bookie, args.timeout)
+    return await autorecovery.autorecovery_status(uri)
 
 
 def _kafka_commands(commands: Any) -> None:
@@ -122,9 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     except (BookKeeperError, KafkaError, OSError) as exc:
         print(f"{args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    status = 0
+    if isinstance(result, tuple):  # (text, exit status)
+        result, status = result
     if result:
         print(result)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

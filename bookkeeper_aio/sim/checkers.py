@@ -72,6 +72,8 @@ class History:
         self.metadata: dict[int, LedgerMetadata] = {}  # last version seen of each ledger
         self.first_trace: list[str] | None = None
         self._reported: set[tuple[str, str]] = set()
+        # Autorecovery replaced bookies of a finished fragment (sim/autorecovery.py checks it).
+        self.on_replacement: Callable[[LedgerMetadata, LedgerMetadata], None] | None = None
 
     def note(self, text: str) -> None:
         self.trace.append(f"{self.clock():9.3f}  {text}")
@@ -147,6 +149,9 @@ def check_fragments(history: History, old: LedgerMetadata, new: LedgerMetadata) 
     """OnlyValidFragments: segments before the last are immutable; none starts before it."""
     lid = old.ledger_id
     last_first = old.ensembles[-1][0]
+    if history.on_replacement is not None and is_replica_replacement(old, new):
+        history.on_replacement(old, new)
+        return
     if tuple(new.ensembles[: len(old.ensembles) - 1]) != tuple(old.ensembles[:-1]):
         history.violate(
             "OnlyValidFragments",
@@ -164,6 +169,25 @@ def check_fragments(history: History, old: LedgerMetadata, new: LedgerMetadata) 
             f"ledger {lid}: closed at {new.last_entry_id} "
             f"before its last segment at {new.ensembles[-1][0]}",
         )
+
+
+def is_replica_replacement(old: LedgerMetadata, new: LedgerMetadata) -> bool:
+    """Autorecovery's only change: bookies swapped in segments whose end was known (every
+    segment but the last of a ledger not CLOSED); nothing else moved."""
+    if (old.state, old.last_entry_id, len(old.ensembles)) != (
+        new.state,
+        new.last_entry_id,
+        len(new.ensembles),
+    ):
+        return False
+    changed = [
+        position
+        for position, (a, b) in enumerate(zip(old.ensembles, new.ensembles, strict=True))
+        if a != b
+    ]
+    same_firsts = all(a[0] == b[0] for a, b in zip(old.ensembles, new.ensembles, strict=True))
+    finished = old.is_closed or len(old.ensembles) - 1 not in changed
+    return bool(changed) and same_firsts and finished
 
 
 def check_all(world: World, history: History, *, quorum_check: bool) -> None:

@@ -21,6 +21,7 @@ puts these together behind the server's storage seam; everything runs inline on 
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from engines.memory import MemoryDisk, MemoryEngine
 from ..bookie.cookie import CookieCheck
 from ..bookie.disk import DiskUsage
 from ..bookie.journal import Body, JournalRecord
+from ..bookie.ledger_dirs import DirShard, LedgerDirs
 from ..bookie.records import replay_into
 from ..bookie.storage import BookieJournal, FailureCallback, PressureCallback
 from ..engine import Engine, LedgerInfo, Record
@@ -54,6 +56,7 @@ class NodeDisk:
     engine: MemoryDisk = field(default_factory=MemoryDisk)
     journal: list[JournalRecord] = field(default_factory=list)
     dirty: bool = False  # the unclean-shutdown marker
+    failed: bool = False  # the ledger disk died (BP-31): every engine call fails with EIO
 
 
 class SimJournal:
@@ -119,7 +122,14 @@ class FaultyEngine:
         self.faults = faults
         self.errors = 0
 
+    dead = False  # the disk failed: EIO on everything (LedgerDirs takes it out of service)
+
+    def _check_dead(self, what: str) -> None:
+        if self.dead:
+            raise OSError(errno.EIO, f"simulated disk failure on {what}")
+
     def _maybe_fail(self, what: str) -> None:
+        self._check_dead(what)
         if self.faults.io_error_rate and self.rng.random() < self.faults.io_error_rate:
             self.errors += 1
             raise OSError(f"simulated I/O error on {what}")
@@ -139,15 +149,19 @@ class FaultyEngine:
         return self.inner.get_entry(ledger_id, entry_id)
 
     def last_entry_id(self, ledger_id: int) -> int:
+        self._check_dead("last_entry_id")
         return self.inner.last_entry_id(ledger_id)
 
     def list_entries(self, ledger_id: int, start_entry_id: int, max_count: int) -> list[int]:
+        self._check_dead("list_entries")
         return self.inner.list_entries(ledger_id, start_entry_id, max_count)
 
     def get_ledger(self, ledger_id: int) -> LedgerInfo | None:
+        self._check_dead("get_ledger")
         return self.inner.get_ledger(ledger_id)
 
     def put_ledger(self, ledger_id: int, info: LedgerInfo) -> None:
+        self._check_dead("put_ledger")
         self.inner.put_ledger(ledger_id, info)
 
     def delete_ledger(self, ledger_id: int) -> None:
@@ -157,6 +171,7 @@ class FaultyEngine:
         return self.inner.ledgers()
 
     def sync(self) -> None:
+        self._check_dead("sync")
         self.inner.sync()
 
     def close(self) -> None:
@@ -166,12 +181,16 @@ class FaultyEngine:
 class SimStorage:
     """The bookie storage seam over a :class:`NodeDisk` (see the module docstring)."""
 
-    def __init__(self, disk: NodeDisk, rng: random.Random, faults: DiskFaults) -> None:
+    def __init__(
+        self, disk: NodeDisk, rng: random.Random, faults: DiskFaults, guard_dirs: bool = False
+    ) -> None:
         self.disk = disk
         self.rng = rng
         self.faults = faults
         self.engine = MemoryEngine(disk.engine)
         self.journal = SimJournal(disk, rng, faults)
+        self.guard_dirs = guard_dirs  # autorecovery seeds: the bookie's LedgerDirs on top
+        self.faulty: FaultyEngine | None = None
 
     async def check_cookies(self, metadata: MetadataStore) -> CookieCheck:
         return CookieCheck("simulated")
@@ -182,8 +201,13 @@ class SimStorage:
     async def open(
         self, on_pressure: PressureCallback, on_failure: FailureCallback
     ) -> tuple[Engine, BookieJournal, int]:
-        engine = FaultyEngine(self.engine, self.rng, self.faults)
+        if self.disk.failed:
+            raise OSError(errno.EIO, "simulated disk failure: the ledger disk is dead")
+        self.faulty = FaultyEngine(self.engine, self.rng, self.faults)
+        engine: Engine = self.faulty
         replayed = replay_into(self.engine, iter(self.journal.replay()))
+        if self.guard_dirs:
+            engine = LedgerDirs([DirShard(engine, "/ledgers")])
         return engine, self.journal, replayed
 
     async def disk_usage(self) -> DiskUsage:

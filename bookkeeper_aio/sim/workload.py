@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import BookKeeperError
 from ..quorum import write_set
@@ -74,6 +75,8 @@ class Scenario:
     power_loss_gap_s: float = 5.0  # journal-less runs: the least time between power losses
     liveness_s: float = 120.0
     check_interval_s: float = 0.1
+    # Autorecovery seeds (sim/autorecovery.py: racks, lost bookies, DurabilityContract).
+    autorecovery: Any = None
 
 
 def draw_scenario(rng: random.Random, faults: Faults) -> Scenario:
@@ -175,7 +178,8 @@ class Run:
         self.tasks: list[asyncio.Task[None]] = []
         # Without the journal a power loss drops acknowledged copies until the integrity
         # check repairs them: AllCommittedEntriesReachAckQuorum does not hold then.
-        self.quorum_check = scenario.journal_write_data
+        self.quorum_check = scenario.journal_write_data and scenario.autorecovery is None
+        self.ar: Any = None  # sim/autorecovery.AutorecoveryAgents in autorecovery seeds
         self.last_power_loss_s = -1e9
         self.client_names: list[str] = []
         self.writers: dict[int, object] = {}  # ledger id -> its LedgerWriter (god's view)
@@ -189,12 +193,22 @@ class Run:
 
     def check(self) -> None:
         check_all(self.world, self.history, quorum_check=self.quorum_check)
+        if self.ar is not None:
+            self.ar.observe()
 
     async def play(self) -> None:
         world, sc = self.world, self.sc
         world.journal_write_data = sc.journal_write_data
-        await asyncio.gather(*(self._start(world.add_bookie()) for _ in range(sc.bookies)))
+        racks = [None] * sc.bookies
+        if sc.autorecovery is not None:
+            from .autorecovery import AutorecoveryAgents, rack_for
+
+            racks = [rack_for(i) for i in range(sc.bookies)]
+            self.ar = AutorecoveryAgents(self, sc.autorecovery)
+        await asyncio.gather(*(self._start(world.add_bookie(rack)) for rack in racks))
         self.spawn(self._checker(), "checker")
+        if self.ar is not None:
+            self.ar.start()
         writers = [
             asyncio.create_task(self._writer(i), name=f"writer-{i}") for i in range(sc.writers)
         ]
@@ -214,6 +228,8 @@ class Run:
         for task in writers:
             task.cancel()
         await self._liveness()
+        if self.ar is not None:
+            await self.ar.settle()
         self.check()
         await LogAct(self).play()  # named logs on the same cluster (sim/logs.py)
         self.check()
@@ -499,7 +515,7 @@ class Run:
                 self.spawn(self._recover_and_read(name, lid), name)
 
     async def _start(self, node) -> None:  # type: ignore[no-untyped-def]
-        while not node.up:
+        while not node.up and not node.lost:
             try:
                 await node.start()
                 self.history.note(f"{node.name} restarted")
@@ -508,7 +524,9 @@ class Run:
                 await asyncio.sleep(0.5)
 
     async def _restart_all(self) -> None:
-        await asyncio.gather(*(self._start(b) for b in self.world.bookies if not b.up))
+        await asyncio.gather(
+            *(self._start(b) for b in self.world.bookies if not b.up and not b.lost)
+        )
 
     # --- liveness -------------------------------------------------------------------------
 

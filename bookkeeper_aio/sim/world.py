@@ -61,6 +61,7 @@ CLIENT_CONFIG = ClientConfig(
     long_poll_timeout_ms=500,
     close_timeout_s=5.0,
     adds_pending_max=64,
+    mark_short_copies=False,  # autorecovery seeds turn it on (sim/autorecovery.py)
 )
 
 
@@ -118,6 +119,8 @@ class World:
         self.bookies: list[SimBookie] = []
         self._decoded: dict[int, Versioned] = {}  # ledger id -> its metadata (ledger())
         self.journal_write_data = True  # False: BP-46 bookies (set before starting any)
+        self.client_config = CLIENT_CONFIG
+        self.guard_dirs = False  # autorecovery seeds: bookies take a failed disk out of service
         self._meta_faults = MemoryFaults(random.Random(self.rng.getrandbits(64)))
         self._sync_metadata_faults()
 
@@ -141,8 +144,8 @@ class World:
         rng = random.Random(self.rng.getrandbits(64))
         return MemoryMetadataStore(self.state, METADATA_CONFIG, rng=rng, faults=self._meta_faults)
 
-    def add_bookie(self) -> SimBookie:
-        bookie = SimBookie(self, len(self.bookies))
+    def add_bookie(self, rack: str | None = None) -> SimBookie:
+        bookie = SimBookie(self, len(self.bookies), rack)
         self.bookies.append(bookie)
         return bookie
 
@@ -152,8 +155,9 @@ class World:
                 return bookie
         return None
 
-    def client(self, name: str, config: ClientConfig = CLIENT_CONFIG) -> BookKeeper:
+    def client(self, name: str, config: ClientConfig | None = None) -> BookKeeper:
         """A client process ``name`` (close it with :func:`close_client`)."""
+        config = config or self.client_config
         rng = random.Random(self.rng.getrandbits(64))
         pool = BookiePool(self.net.view(name), config, rng)
         ctx = ClientContext(config, self.metadata_store(), pool, rng, PlacementPolicy(), self.bugs)
@@ -181,8 +185,10 @@ async def close_client(bk: BookKeeper) -> None:
 class SimBookie:
     """One bookie node: its durable disk and the running incarnation, if any."""
 
-    def __init__(self, world: World, index: int) -> None:
+    def __init__(self, world: World, index: int, rack: str | None = None) -> None:
         self.world = world
+        self.rack = rack  # network location (autorecovery seeds place by rack)
+        self.lost = False  # lost for good: never restarted, its disk gone
         self.name = f"bookie-{index}"
         self.address = f"{self.name}:3181"
         self.disk = NodeDisk()
@@ -207,6 +213,7 @@ class SimBookie:
             handshake_timeout_s=2.0,
             shutdown_timeout_s=5.0,
             metadata_uri="memory://simulated",
+            rack=self.rack,
             journal_write_data=self.world.journal_write_data,
             data_integrity_check_interval_s=0.5,
         )
@@ -219,7 +226,8 @@ class SimBookie:
         """
         assert self.bookie is None, f"{self.name} is running"
         world = self.world
-        storage = SimStorage(self.disk, random.Random(world.rng.getrandbits(64)), world.faults.disk)
+        storage = SimStorage(self.disk, random.Random(world.rng.getrandbits(64)), world.faults.disk,
+                             world.guard_dirs)  # fmt: skip
         bookie = Bookie(
             self.config(),
             network=world.net.view(self.name),
@@ -239,8 +247,10 @@ class SimBookie:
         self._after_crash = None
 
     def crash(self, *, power_loss: bool) -> None:
-        """``kill -9`` (keeps what reached the page cache) or a power loss (may lose it)."""
+        """``kill -9`` (keeps what reached the page cache) or a power loss (may lose it). A
+        bookie whose disk failed cannot boot again: it is lost."""
         assert self.bookie is not None and self.storage is not None
+        self.lost = self.lost or self.disk.failed
         self.world.net.kill_node(self.name)
         self.bookie.abort()
         self.storage.crash(power_loss=power_loss)
@@ -252,8 +262,24 @@ class SimBookie:
             await self.bookie.stop()
             self.bookie = self.storage = None
 
+    def lose(self) -> None:
+        """Lost for good (BP-31): the process dies and its disks are gone; never restarted."""
+        if self.up:
+            self.crash(power_loss=False)
+        self.lost = True
+        self.disk = NodeDisk()
+        self._after_crash = None
+
+    def fail_disk(self) -> None:
+        """The ledger disk dies under the running bookie (BP-31): EIO on every engine call."""
+        self.disk.failed = True
+        if self.storage is not None and self.storage.faulty is not None:
+            self.storage.faulty.dead = True
+
     def stored(self, ledger_id: int, entry_id: int) -> bytes | None:
         """God's view: the payload this bookie holds (or will hold after its restart)."""
+        if self.lost or self.disk.failed:
+            return None
         if self.storage is not None:
             record = self.storage.engine.get_entry(ledger_id, entry_id)
         else:

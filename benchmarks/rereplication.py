@@ -1,0 +1,167 @@
+"""``rereplication``: how fast autorecovery restores WQ after a bookie is lost for good.
+
+    python -m benchmarks rereplication --gib 0.5 --entry-size 262144 --workers 4
+
+Starts etcd and ``--bookies`` bookie processes (default 4), writes closed E3/WQ3/AQ2 ledgers
+until the bookie that will be lost holds ``--gib`` GiB, measures the disk's limit in the same
+run (a write + fdatasync loop of journal-sized batches on the same disk: what the targets'
+journals could do with no protocol at all), then kills that bookie (kill -9) and starts an
+autorecovery process (``lost_bookie_recovery_delay_s=0``, ``--workers`` marks at once, no rate
+limit). It reports:
+
+* ``detect_s`` — kill to the first mark (the registration's lease has to expire first);
+* ``copy_s`` — first mark to the last ledger back at WQ (every copy on a live bookie);
+* ``restore_s`` — kill to WQ: the SLA figure;
+* ``copy_mb_per_s`` — bytes copied / ``copy_s``, and its ratio to the disk's limit.
+
+The bookies and the copier share this machine's two cores and one disk: every copied byte is
+read from one bookie, sent to another, journaled with fdatasync and written to RocksDB there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bookkeeper_aio import BookKeeper
+from bookkeeper_aio.autorecovery.checker import check_ledger
+from bookkeeper_aio.autorecovery.state import process_statistics
+from bookkeeper_aio.config import BookieConfig, ClientConfig
+from bookkeeper_aio.metadata.underreplication import MARKS_PREFIX
+from bookkeeper_aio.sandbox import autorecovery_process
+
+from .cluster import local_cluster
+from .disk import group_commit_limit
+from .stats import print_table, write_json
+
+MiB = 1 << 20
+PASSWORD = b"bench"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gib", type=float, default=0.25, help="data the lost bookie holds (GiB)")
+    p.add_argument("--entry-size", type=int, default=256 * 1024, metavar="B")
+    p.add_argument("--ledgers", type=int, default=8, metavar="L")
+    p.add_argument("--bookies", type=int, default=4)
+    p.add_argument("--workers", type=int, default=4, help="replication_workers")
+    p.add_argument("--in-flight", type=int, default=16, help="replication_entries_in_flight_max")
+    p.add_argument("--engine", default="rocksdb", choices=("rocksdb", "files"))
+    p.add_argument("--bookie-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a BookieConfig key for the started bookies, repeatable")  # fmt: skip
+    p.add_argument("--duration", type=float, default=3.0, metavar="S",
+                   help="seconds of the disk-limit measurement")  # fmt: skip
+    p.add_argument("--dir", metavar="DIR", help="where the cluster writes (tmp)")
+    p.add_argument("--json", metavar="PATH", help="write the results here")
+
+
+async def run_rereplication(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-rr-") as tmp:
+        root = Path(tmp)
+        extra = [a for item in args.bookie_set for a in ("--set", item)]
+        batch = _journal_batch(args.bookie_set)
+        disk = group_commit_limit(root, batch, args.duration)
+        disk_mb_s = disk["fsyncs_per_s"] * disk["batch_bytes"] / MiB
+        async with local_cluster(root / "cluster", args.bookies, args.engine, *extra) as cluster:
+            result = await _measure(cluster, root, args)
+    result["disk_limit_mb_per_s"] = round(disk_mb_s, 1)
+    result["ratio_vs_disk"] = round(result["copy_mb_per_s"] / disk_mb_s, 3)
+    print_table("rereplication (autorecovery after losing a bookie)", [result])
+    write_json(args.json, result)
+    return result
+
+
+def _journal_batch(settings: list[str]) -> int:
+    """The bookies' journal batch (what one fdatasync of theirs carries at most)."""
+    for item in settings:
+        key, _, value = item.partition("=")
+        if key.strip() == "journal_batch_bytes_max":
+            return int(value)
+    return BookieConfig().journal_batch_bytes_max
+
+
+async def _measure(cluster: Any, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    victim = cluster.bookies[0]
+    config = ClientConfig(adds_pending_bytes_max=64 * MiB, bookie_backlog_bytes_max=128 * MiB)
+    async with BookKeeper.connect(cluster.uri, config) as bk:
+        ids, held = await _fill(bk, victim.address, args)
+        victim.kill()
+        killed = time.monotonic()
+        with _autorecovery(cluster.uri, root, args):
+            first_mark = await _until(lambda: _any_mark(bk), killed, 120)
+            restored = await _until(lambda: _restored(bk, ids, victim.address), killed, 900)
+            copied = await _copied(bk)
+    copy_s = max(restored - first_mark, 1e-6)
+    return {
+        "lost_gib": round(held / (1 << 30), 3),
+        "entry_bytes": args.entry_size,
+        "ledgers": len(ids),
+        "workers": args.workers,
+        "detect_s": round(first_mark - killed, 2),
+        "copy_s": round(copy_s, 2),
+        "restore_s": round(restored - killed, 2),
+        "copied_mib": round(copied / MiB, 1),
+        "copy_mb_per_s": round(copied / MiB / copy_s, 1),
+    }
+
+
+async def _fill(bk: BookKeeper, victim: str, args: argparse.Namespace) -> tuple[list[int], int]:
+    """Closed ledgers until ``victim`` holds ``--gib`` GiB; their ids and its bytes."""
+    payload = os.urandom(args.entry_size)
+    target = int(args.gib * (1 << 30))
+    ids, held = [], 0
+    while held < target:
+        w = await bk.create_ledger(3, 3, 2, PASSWORD)
+        per_ledger = max(1, target // args.ledgers // args.entry_size)
+        pending: list[asyncio.Future[int]] = []
+        for _ in range(per_ledger):
+            await w.wait_for_room(len(payload))
+            pending.append(w.append_nowait(payload))
+        await asyncio.gather(*pending)
+        await w.close()
+        ids.append(w.ledger_id)
+        if victim in w.metadata.bookies():
+            held += per_ledger * args.entry_size
+    return ids, held
+
+
+def _autorecovery(uri: str, root: Path, args: argparse.Namespace) -> Any:
+    sets = ("lost_bookie_recovery_delay_s=0", f"replication_workers={args.workers}",
+            f"replication_entries_in_flight_max={args.in_flight}", "audit_interval_s=3600",
+            f"replication_rate_bytes_per_s={1 << 40}")  # fmt: skip
+    log = root / "autorecovery.log"
+    return autorecovery_process(uri, log, sets, "--log-level", "WARNING")
+
+
+async def _until(predicate: Any, since: float, timeout_s: float) -> float:
+    while not await predicate():
+        if time.monotonic() - since > timeout_s:
+            raise TimeoutError(f"autorecovery did not finish within {timeout_s} s")
+        await asyncio.sleep(0.25)  # each poll lists entries on every bookie: CPU they share
+    return time.monotonic()
+
+
+async def _any_mark(bk: BookKeeper) -> bool:
+    async for _ in bk.ctx.metadata.list_prefix(MARKS_PREFIX):
+        return True
+    return False
+
+
+async def _restored(bk: BookKeeper, ids: list[int], victim: str) -> bool:
+    registered = set(await bk.ctx.metadata.list_bookies())
+    for lid in ids:
+        md = (await bk.ctx.metadata.read_ledger(lid)).value
+        if victim in md.bookies() or not (await check_ledger(bk.ctx, md, registered)).complete:
+            return False
+    return True
+
+
+async def _copied(bk: BookKeeper) -> int:
+    """Bytes the autorecovery process reports copied (it publishes every second)."""
+    await asyncio.sleep(1.5)
+    stats = await process_statistics(bk.ctx.metadata)
+    return sum(int(s.get("bytes_copied", 0)) for s in stats.values())

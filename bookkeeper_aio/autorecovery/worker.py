@@ -1,0 +1,445 @@
+"""Replication workers: take a mark, restore WQ copies of the ledger, delete the mark.
+
+Theory of operation
+-------------------
+A :class:`ReplicationWorker` watches the marks (``metadata/underreplication.py``) and works on
+up to ``replication_workers`` ledgers at once, each under a lock it creates under its
+process's lease (a dead worker's locks expire with its lease). For one ledger (a *job*):
+
+1. **Deleted ledger**: the mark is dropped (and counted) — nothing to restore.
+2. **Open last fragment**: if a bookie of it is lost, failing or leaving, or lacks entries a
+   mark names, the writer gets ``open_ledger_rereplication_grace_s`` to replace it by itself
+   (its own ensemble change); then the worker fences and recovers the ledger, as BookKeeper
+   does ("recovery open could result in client write failure"). Other fragments go at once.
+3. **Check** every closed fragment (checker.py) against the cluster: registered bookies, the
+   bookies autorecovery declared lost, those being decommissioned.
+4. **Replace** bookies that cannot hold their copies (lost, decommissioning, answering errors):
+   replacements from the placement policy (replacement.py), recorded in the mark's plan, copied
+   (copier.py: from good replicas, digest verified, recovery adds, rate-limited), then the
+   fragment's ensemble is swapped by compare-and-swap.
+5. **Fill in place** what live bookies lack (an add that failed after AQ, a bookie formatted
+   again), and rewrite the entries a mark names on a live bookie whose copy reads back bad
+   (a reader's report): copies to the same bookie, no metadata change.
+6. **Verify** with a second check; only a complete one deletes the mark, and only at the
+   version read, so a report merged meanwhile keeps it for another round.
+
+A bookie that is merely unreachable (not registered, not yet declared lost) defers the job: the
+auditor's ``lost_bookie_recovery_delay_s`` decides when a bookie is gone. A failed or deferred
+job records ``attempts``/``last_error`` in the mark and waits ``replication_retry_backoff_s``
+(doubling, at most 8 times that) before the next try; a target that did not answer is dropped
+from the plan. Before every commit the worker checks that its lease (hence
+its lock) is alive; a commit racing another worker loses the compare-and-swap and redoes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client.context import ClientContext
+from ..client.placement import PlacementPolicy
+from ..client.reads import read_copy
+from ..client.recovery import recover
+from ..config import AutorecoverySettings
+from ..errors import BookKeeperError, MetadataUnavailableError, NoSuchLedgerError
+from ..metadata.lease import Lease
+from ..metadata.model import LedgerMetadata, Versioned
+from ..metadata.registration import BookieInfo
+from ..metadata.store import update_ledger
+from ..metadata.underreplication import (
+    MARKS_PREFIX,
+    Mark,
+    claim,
+    mark_done,
+    read_mark,
+    release,
+    to_ranges,
+    update_mark,
+)
+from . import fragments as fr
+from .checker import LedgerCheck, check_ledger, list_present
+from .copier import RateLimiter, ReplicationError, copy_entries
+from .replacement import choose, commit
+from .state import decommissioning, lost_bookies
+
+log = logging.getLogger(__name__)
+
+ROUNDS_MAX = 3  # check-copy-verify rounds per job before it counts as failed
+BACKOFF_DOUBLINGS_MAX = 3  # a mark waits at most 8 x replication_retry_backoff_s
+WORKER_BUGS = frozenset({"replication-ignores-placement"})
+
+
+class Deferred(ReplicationError):
+    """The job must wait: a bookie is unreachable but not (yet) declared lost."""
+
+
+class TargetUnavailable(ReplicationError):
+    """The bookie chosen to receive copies does not answer: the next attempt chooses again."""
+
+
+class LockLost(ReplicationError):
+    """The worker's lease ended: its locks may belong to others; nothing more is committed."""
+
+
+@dataclass
+class ClusterView:
+    """What a job knows of the cluster: live bookies, and bookies that must be replaced."""
+
+    registered: dict[str, BookieInfo]
+    lost: set[str]
+    leaving: set[str]
+
+    @property
+    def unusable(self) -> set[str]:
+        return self.lost | self.leaving
+
+
+@dataclass
+class _Job:
+    ledger_id: int
+    mark: Versioned[Mark]
+    lease: Lease
+    key: bytes = b""
+    failing: set[str] = field(default_factory=set)  # bookies answering errors
+
+
+class ReplicationWorker:
+    """See the module docstring. ``wall_ms`` timestamps marks for people only."""
+
+    def __init__(
+        self,
+        ctx: ClientContext,
+        config: AutorecoverySettings,
+        worker_id: str,
+        wall_ms: Callable[[], int],
+        *,
+        bugs: frozenset[str] = frozenset(),
+    ) -> None:
+        assert bugs <= WORKER_BUGS, bugs
+        self.ctx = ctx
+        self.store = ctx.metadata
+        self.config = config
+        self.worker_id = worker_id
+        self.wall_ms = wall_ms
+        self.rng = random.Random(ctx.rng.getrandbits(64))
+        ignore = "replication-ignores-placement" in bugs  # simulator: placement ignored
+        # Replacements always spread write sets over the most racks available (replacement.py)
+        self.policy = PlacementPolicy(1 if ignore else 2)
+        self.limiter = RateLimiter(config.replication_rate_bytes_per_s)
+        self.counters: Counter[str] = Counter()
+        self.running: dict[int, asyncio.Task[None]] = {}
+        self._failures: dict[int, int] = {}
+        self._retry_at: dict[int, float] = {}
+        self._marks: list[int] = []
+        self._wake = asyncio.Event()
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters (marks done/failed/deferred, entries and bytes copied, replacements,
+        ledgers recovered, ...), jobs running, marks waiting for a retry."""
+        return {
+            **self.counters,
+            "jobs_running": len(self.running),
+            "marks_backing_off": len(self._retry_at),
+            "rate_limit_wait_s": round(self.limiter.waited_s, 3),
+        }
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def run(self, lease: Lease) -> None:
+        """Work on marks until cancelled, or until ``lease`` is lost (then return: the caller
+        gets a new lease). Jobs are owned here and cancelled on the way out."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._watch(lease))
+                while not lease.lost.is_set():
+                    await self._start_jobs(group, lease)
+                    await self._sleep(lease)
+                raise LockLost("lease lost")
+        except* LockLost:
+            log.warning("worker %s: lease lost; jobs stopped", self.worker_id)
+
+    async def _watch(self, lease: Lease) -> None:
+        while not lease.lost.is_set():
+            try:
+                async for snapshot in self.store.watch_prefix(MARKS_PREFIX):
+                    self._marks = [int(key[len(MARKS_PREFIX) :]) for key in sorted(snapshot)]
+                    self._wake.set()
+            except MetadataUnavailableError as exc:
+                log.warning("worker %s: watching marks failed (retrying): %s", self.worker_id, exc)
+                await asyncio.sleep(self.config.replication_retry_backoff_s)
+
+    async def _sleep(self, lease: Lease) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = [t - now for t in self._retry_at.values()]
+        timeout = max(0.01, min(due)) if due else None
+        self._wake.clear()
+        lost = asyncio.ensure_future(lease.lost.wait())
+        woke = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({lost, woke}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            woke.cancel()
+
+    async def _start_jobs(self, group: asyncio.TaskGroup, lease: Lease) -> None:
+        now = asyncio.get_running_loop().time()
+        for lid, at in list(self._retry_at.items()):
+            if at <= now:
+                del self._retry_at[lid]
+        candidates = [m for m in self._marks if m not in self.running and m not in self._retry_at]
+        self.rng.shuffle(candidates)  # several workers: spread out instead of colliding
+        for lid in candidates:
+            if len(self.running) >= self.config.replication_workers or lease.lost.is_set():
+                return
+            try:
+                lock = await claim(self.store, lid, self.worker_id, lease, now_ms=self.wall_ms())
+            except MetadataUnavailableError as exc:
+                log.warning("worker %s: cannot claim marks: %s", self.worker_id, exc)
+                return
+            if lock is None:
+                self.counters["lock_conflicts"] += 1
+                continue
+            self.running[lid] = group.create_task(self._job(lid, lock, lease), name=f"rr-{lid}")
+
+    async def _job(self, lid: int, lock: int, lease: Lease) -> None:
+        try:
+            await self._restore(lid, lease)
+            self._failures.pop(lid, None)
+        except (BookKeeperError, OSError) as exc:
+            await self._failed(lid, exc)
+        finally:
+            self.running.pop(lid, None)
+            self._wake.set()
+            try:
+                await release(self.store, lid, lock)
+            except MetadataUnavailableError as exc:  # the lock expires with the lease
+                log.warning("worker %s: could not release ledger %d: %s", self.worker_id, lid, exc)
+
+    async def _failed(self, lid: int, exc: BaseException) -> None:
+        kind = "deferred" if isinstance(exc, Deferred) else "failed"
+        self.counters[f"marks_{kind}"] += 1
+        failures = self._failures[lid] = self._failures.get(lid, 0) + 1
+        delay = self.config.replication_retry_backoff_s * 2 ** min(
+            failures - 1, BACKOFF_DOUBLINGS_MAX
+        )
+        self._retry_at[lid] = asyncio.get_running_loop().time() + delay
+        level = logging.INFO if kind == "deferred" else logging.WARNING
+        log.log(level, "worker %s: ledger %d %s (retry in %.1f s): %s",
+                self.worker_id, lid, kind, delay, exc)  # fmt: skip
+        try:
+            current = await read_mark(self.store, lid)
+            if current is not None:
+                mark = current.value.failed(f"{type(exc).__name__}: {exc}")
+                if isinstance(exc, TargetUnavailable):  # not that bookie again next time
+                    mark = dataclasses.replace(mark, plan=())
+                await update_mark(self.store, lid, current.version, mark)
+        except (BookKeeperError, OSError) as note_exc:
+            log.info("worker %s: could not note the failure of %d: %s", self.worker_id, lid,
+                     note_exc)  # fmt: skip
+
+    # --- one job ----------------------------------------------------------------------------
+
+    async def _restore(self, lid: int, lease: Lease) -> None:
+        for _ in range(ROUNDS_MAX):
+            mark = await read_mark(self.store, lid)
+            if mark is None:
+                return  # done by another worker (or an operator)
+            try:
+                md = (await self.store.read_ledger(lid)).value
+            except NoSuchLedgerError:
+                await self._drop_deleted(lid, mark)
+                return
+            if not md.master_key:
+                raise ReplicationError(
+                    f"ledger {lid} has no master key in its metadata (made by an older client): "
+                    "autorecovery cannot write copies of it"
+                )
+            job = _Job(lid, mark, lease, bytes.fromhex(md.master_key))
+            view = await self.cluster_view()
+            md = await self._settle_open(job, md, view)
+            check = await check_ledger(self.ctx, md, view.registered, view.unusable)
+            job.failing = {r.bookie for r in check.rows if r.status == "error"}
+            await self._replace(job, md, check, view)
+            await self._fill_in_place(job, md, check, view)
+            await self._repair_named(job, md, view)
+            if await self._verified(job) and await self._done(job):
+                return
+        raise ReplicationError(f"ledger {lid}: still under-replicated after {ROUNDS_MAX} rounds")
+
+    async def cluster_view(self) -> ClusterView:
+        registered = await self.store.list_bookies()
+        lost = set(await lost_bookies(self.store)) - set(registered)
+        return ClusterView(registered, lost, set(await decommissioning(self.store)))
+
+    async def _drop_deleted(self, lid: int, mark: Versioned[Mark]) -> None:
+        await mark_done(self.store, lid, mark.version)
+        self.counters["marks_of_deleted_ledgers"] += 1
+        log.warning("worker %s: ledger %d was deleted; its under-replication mark (%s) is "
+                    "dropped", self.worker_id, lid, ", ".join(mark.value.reasons()))  # fmt: skip
+
+    async def _settle_open(
+        self, job: _Job, md: LedgerMetadata, view: ClusterView
+    ) -> LedgerMetadata:
+        """Wait for the writer to fix its open last fragment, or fence and recover the ledger
+        after the grace period (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.open_ledger_rereplication_grace_s
+        while not md.is_closed and await self._open_problem(job, md, view):
+            if loop.time() >= deadline:
+                self._check_lease(job)
+                log.warning("worker %s: ledger %d: fencing and recovering it (open after %.0f s "
+                            "of grace)", self.worker_id, job.ledger_id,
+                            self.config.open_ledger_rereplication_grace_s)  # fmt: skip
+                md = (await recover(self.ctx, job.ledger_id, key=job.key)).value
+                self.counters["ledgers_recovered"] += 1
+                return md
+            await asyncio.sleep(min(1.0, max(0.01, deadline - loop.time())))
+            md = (await self.store.read_ledger(job.ledger_id)).value
+        return md
+
+    async def _open_problem(self, job: _Job, md: LedgerMetadata, view: ClusterView) -> bool:
+        last = fr.fragments(md)[-1]
+        named = {m.bookie: m for m in job.mark.value.missing}
+        for bookie in last.ensemble:
+            if bookie in view.unusable:
+                return True
+            wanted = named.get(bookie)
+            if wanted is None or bookie not in view.registered:
+                continue
+            if not wanted.entries:
+                return True
+            held = await list_present(self.ctx, bookie, md.ledger_id)
+            tail = fr.intersect(fr.normalize(wanted.entries), ((last.first, 1 << 62),))
+            if isinstance(held, str) or fr.subtract(tail, held):
+                return True
+        return False
+
+    async def _replace(
+        self, job: _Job, md: LedgerMetadata, check: LedgerCheck, view: ClusterView
+    ) -> None:
+        by_fragment: dict[int, set[int]] = {}
+        for r in check.rows:
+            if r.status in ("lost", "error"):  # also where it holds nothing: off every ensemble
+                by_fragment.setdefault(r.first, set()).add(r.index)
+        for f in fr.fragments(md):
+            indexes = by_fragment.get(f.first)
+            if not indexes or f.last is None:
+                continue
+            unusable = view.unusable | job.failing
+            chosen = choose(f.first, f.ensemble, indexes, md.write_quorum, view.registered,
+                            unusable, self.policy, self.rng, job.mark.value.plan)  # fmt: skip
+            await self._record_plan(
+                job, [(f.first, i, f.ensemble[i], t) for i, t in chosen.items()]
+            )
+            for index, target in sorted(chosen.items()):
+                runs = fr.normalize(
+                    fr.index_runs(index, f.first, f.last, md.ensemble_size, md.write_quorum)
+                )
+                await self._copy(job, md, f, target, runs, view)
+            self._check_lease(job)
+            replaced = {i: (f.ensemble[i], t) for i, t in chosen.items()}
+            await update_ledger(self.store, job.ledger_id, commit(f.first, replaced),
+                                self.ctx.config.metadata_retries_max)  # fmt: skip
+            self.counters["replacements"] += len(chosen)
+            log.info("worker %s: ledger %d segment %d: %s", self.worker_id, job.ledger_id,
+                     f.first, {f.ensemble[i]: t for i, t in chosen.items()})  # fmt: skip
+
+    async def _fill_in_place(
+        self, job: _Job, md: LedgerMetadata, check: LedgerCheck, view: ClusterView
+    ) -> None:
+        by_fragment = {f.first: f for f in fr.fragments(md)}
+        for r in check.rows:
+            if r.status == "missing" and r.missing:
+                await self._copy(job, md, by_fragment[r.first], r.bookie, r.missing, view)
+                self.counters["entries_filled_in_place"] += fr.count(r.missing)
+
+    async def _repair_named(self, job: _Job, md: LedgerMetadata, view: ClusterView) -> None:
+        """Entries a mark names on a live bookie (a reader saw an error or a corrupt copy)
+        are read back from it; a copy that is not good is written again (BP-31: repair in
+        the read path). Listing alone would count a corrupt copy as present."""
+        for m in job.mark.value.missing:
+            if not m.entries or m.bookie not in view.registered or m.bookie in view.unusable:
+                continue
+            for f in fr.fragments(md):
+                if f.last is None or m.bookie not in f.ensemble:
+                    continue
+                index = f.ensemble.index(m.bookie)
+                runs = fr.normalize(
+                    fr.index_runs(index, f.first, f.last, md.ensemble_size, md.write_quorum)
+                )
+                bad = []
+                for entry_id in fr.entries(fr.intersect(runs, fr.normalize(m.entries))):
+                    copy = await read_copy(self.ctx, job.ledger_id, entry_id, [m.bookie])
+                    if copy is None:
+                        bad.append(entry_id)
+                if bad:
+                    await self._copy(job, md, f, m.bookie, to_ranges(bad), view, force=True)
+                    self.counters["entries_rewritten"] += len(bad)
+
+    async def _copy(
+        self,
+        job: _Job,
+        md: LedgerMetadata,
+        f: fr.Fragment,
+        target: str,
+        runs: fr.Ranges,
+        view: ClusterView,
+        *,
+        force: bool = False,
+    ) -> None:
+        """Copy ``runs`` of fragment ``f`` to ``target``: what it lacks (or, ``force``, all
+        of them: copies it holds are corrupt)."""
+        if not runs:
+            return
+        held = await list_present(self.ctx, target, job.ledger_id)
+        if isinstance(held, str):
+            raise TargetUnavailable(f"ledger {job.ledger_id}: target {target} is {held}")
+        todo = runs if force else fr.subtract(runs, held)
+        if not todo:
+            return
+        bad = view.lost | job.failing | {target}
+
+        def sources(entry_id: int) -> list[str]:
+            found = [b for b in fr.replicas(md, f, entry_id) if b not in bad]
+            return [b for b in found if b in view.registered] or found
+
+        await copy_entries(self.ctx, job.ledger_id, job.key, target, fr.entries(todo), sources,
+                           self.limiter, self.config.replication_entries_in_flight_max,
+                           self.counters)  # fmt: skip
+
+    async def _record_plan(self, job: _Job, plan: Collection[tuple[int, int, str, str]]) -> None:
+        mark = job.mark
+        updated = await update_mark(self.store, job.ledger_id, mark.version,
+                                    mark.value.with_plan(plan))  # fmt: skip
+        if updated is not None:
+            job.mark = updated
+
+    async def _verified(self, job: _Job) -> bool:
+        md = (await self.store.read_ledger(job.ledger_id)).value
+        view = await self.cluster_view()
+        check = await check_ledger(self.ctx, md, view.registered, view.unusable)
+        unreachable = sorted({r.bookie for r in check.rows if r.status == "unreachable"})
+        if unreachable:
+            raise Deferred(f"ledger {job.ledger_id}: {', '.join(unreachable)} unreachable and "
+                           "not declared lost; waiting")  # fmt: skip
+        if not md.is_closed and await self._open_problem(job, md, view):
+            return False
+        return check.complete
+
+    async def _done(self, job: _Job) -> bool:
+        self._check_lease(job)
+        if await mark_done(self.store, job.ledger_id, job.mark.version):
+            self.counters["marks_done"] += 1
+            return True
+        return False  # a report was merged meanwhile: another round
+
+    def _check_lease(self, job: _Job) -> None:
+        if not job.lease.alive:
+            raise LockLost(f"ledger {job.ledger_id}: our lease (and lock) ended")

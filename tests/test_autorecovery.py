@@ -1,0 +1,339 @@
+"""Autorecovery on the simulated cluster (virtual time, in-memory store and bookies): the
+write and read triggers, bad input (a mark for a deleted ledger, two workers on one mark,
+the metadata store failing mid-copy), election failover; and the pure parts (fragments,
+marks) as properties."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bookkeeper_aio.autorecovery import fragments as fr
+from bookkeeper_aio.autorecovery.checker import check_ledger
+from bookkeeper_aio.autorecovery.election import current_auditor
+from bookkeeper_aio.autorecovery.worker import ReplicationWorker
+from bookkeeper_aio.config import AutorecoveryConfig, ConfigError
+from bookkeeper_aio.digest import pack_entry_record, payload_digest
+from bookkeeper_aio.metadata.model import LedgerMetadata, LedgerState
+from bookkeeper_aio.metadata.underreplication import (
+    MARKS_PREFIX,
+    Mark,
+    Missing,
+    mark_under_replicated,
+    merge_ranges,
+    to_ranges,
+)
+from bookkeeper_aio.quorum import write_set
+from bookkeeper_aio.sim.autorecovery import SimAutorecovery
+from bookkeeper_aio.sim.loop import VirtualTimeLoop
+from bookkeeper_aio.sim.runner import _teardown
+from bookkeeper_aio.sim.world import CLIENT_CONFIG, Faults, World, close_client
+
+PW = b"t"
+CONFIG = AutorecoveryConfig(
+    metadata_uri="memory://simulated",
+    lost_bookie_recovery_delay_s=0.5,
+    audit_interval_s=3.0,
+    open_ledger_rereplication_grace_s=1.0,
+    replication_lock_ttl_s=2,
+    replication_retry_backoff_s=0.2,
+    replication_entries_in_flight_max=4,
+    lease_ttl_s=2,
+)
+
+
+def simulate(body: Callable[[World], Awaitable[Any]], bookies: int = 4) -> Any:
+    """Run ``body(world)`` on a fresh simulated cluster of ``bookies`` bookies."""
+    loop = VirtualTimeLoop()
+    world = World(seed=3, faults=Faults())
+    world.client_config = CLIENT_CONFIG.replace(mark_short_copies=True)
+    logging.getLogger("bookkeeper_aio").setLevel(logging.CRITICAL + 1)
+
+    async def main() -> Any:
+        for i in range(bookies):
+            await world.add_bookie(f"/rack-{i % 3}").start()
+        async with asyncio.timeout(300):
+            return await body(world)
+
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        _teardown(loop, world)  # the simulator's own: crash every bookie, cancel every task
+        logging.getLogger("bookkeeper_aio").setLevel(logging.NOTSET)
+
+
+async def write(world: World, entries: int, quorum=(3, 3, 2), close: bool = True) -> int:
+    bk = world.client("writer")
+    try:
+        w = await bk.create_ledger(*quorum, PW)
+        for i in range(entries):
+            await w.append(f"e{i}".encode())
+        if close:
+            await w.close()
+        return w.ledger_id
+    finally:
+        await close_client(bk)
+
+
+def drop_entries(node: Any, lid: int) -> None:
+    """Take every entry of ``lid`` off a simulated bookie's in-memory engine."""
+    engine = node.storage.engine
+    engine._entries.pop(lid, None)
+    engine.disk.entries.pop(lid, None)
+    engine._last.pop(lid, None)
+
+
+async def complete(world: World, lid: int) -> bool:
+    bk = world.client("checker")
+    try:
+        md = world.ledger(lid).value
+        registered = set(await bk.ctx.metadata.list_bookies())
+        return (await check_ledger(bk.ctx, md, registered)).complete
+    finally:
+        await close_client(bk)
+
+
+async def marks(world: World) -> list[Mark]:
+    """The marks, read past the injected metadata faults (god's view)."""
+    return [Mark.from_json_bytes(v.value) for _, v in world.state.keys.items(MARKS_PREFIX)]
+
+
+def test_a_lost_bookie_is_replaced_and_the_auditor_moves_when_its_process_dies() -> None:
+    async def body(world: World) -> None:
+        lid = await write(world, 12)
+        victim = world.bookie_at(world.ledger(lid).value.ensembles[0][1][0])
+        a, b = (SimAutorecovery(world, f"ar-{i}", CONFIG) for i in range(2))
+        a.start()
+        await asyncio.sleep(0.5)
+        b.start()
+        await asyncio.sleep(0.5)
+        assert await current_auditor(world.metadata_store()) == "ar-0"
+        a.crash()  # its lease expires: the seat moves to ar-1
+        victim.lose()
+        for _ in range(100):
+            await asyncio.sleep(0.2)
+            md = world.ledger(lid).value
+            if victim.address not in md.bookies() and await complete(world, lid):
+                break
+        else:
+            raise AssertionError(f"not restored: {world.ledger(lid).value}")
+        assert await current_auditor(world.metadata_store()) == "ar-1"
+        stats = b.service.statistics()
+        assert stats["is_auditor"] and stats["worker"]["replacements"] == 1
+        for _ in range(30):  # the SLA figure once no mark names the lost bookie
+            if b.service.statistics()["auditor"]["loss_to_wq_s_last"] is not None:
+                break
+            await asyncio.sleep(0.2)
+        assert 0 < b.service.statistics()["auditor"]["loss_to_wq_s_last"] < 20
+
+    simulate(body)
+
+
+def test_the_writer_marks_entries_acknowledged_without_a_failed_copy() -> None:
+    async def body(world: World) -> None:
+        bk = world.client("writer")
+        w = await bk.create_ledger(3, 3, 2, PW)
+        for i in range(3):
+            await w.append(f"e{i}".encode())
+        slow = w.metadata.ensembles[0][1][2]
+        world.net.slow_s[world.bookie_at(slow).name] = 0.5  # its copies arrive after AQ
+        futures = [w.append_nowait(f"x{i}".encode()) for i in range(5)]
+        await asyncio.gather(*futures)  # acknowledged by the two others
+        world.bookie_at(slow).crash(power_loss=False)  # the slow copies never land
+        await w.append(b"after")  # the failure replaces it; then the writer reports
+        await w.close()
+        await close_client(bk)
+        found = await marks(world)
+        assert [m.ledger_id for m in found] == [w.ledger_id]
+        (missing,) = found[0].missing
+        assert missing.bookie == slow and missing.reasons == ("write failed after ack quorum",)
+        assert set(fr.entries(missing.entries)) >= {3, 4, 5, 6, 7}
+
+    simulate(body)
+
+
+def test_a_reader_marks_a_replica_with_a_corrupt_copy_and_a_worker_repairs_it() -> None:
+    async def body(world: World) -> None:
+        lid = await write(world, 4)
+        md = world.ledger(lid).value
+        bad = world.bookie_at(md.ensembles[0][1][0])
+        record = pack_entry_record(-1, payload_digest(b"junk"), 12345, b"junk")
+        bad.storage.engine.put_entry(lid, 0, record)  # bit rot on one replica
+        bk = world.client("reader")
+        reader = await bk.open_ledger(lid, PW)
+        await reader.read(0, 3)  # entry 0's first replica is the corrupt one
+        await close_client(bk)
+        found = await marks(world)
+        assert found and found[0].missing[0].bookie == bad.address
+        assert found[0].missing[0].reasons == ("read error",)
+        ar = SimAutorecovery(world, "ar", CONFIG)
+        ar.start()
+        for _ in range(50):
+            await asyncio.sleep(0.2)
+            if not await marks(world):
+                break
+        assert bad.stored(lid, 0) == b"e0"  # the copy was made again, in place
+        assert ar.service.worker.counters["entries_rewritten"] == 1
+
+    simulate(body)
+
+
+def test_a_mark_for_a_deleted_ledger_is_dropped_and_counted() -> None:
+    async def body(world: World) -> None:
+        lid = await write(world, 2)
+        store = world.metadata_store()
+        await mark_under_replicated(store, lid, [Missing("bookie-0:3181", ("test",), 1)], now_ms=1)
+        await store.delete_ledger(lid)
+        ar = SimAutorecovery(world, "ar", CONFIG)
+        ar.start()
+        for _ in range(30):
+            await asyncio.sleep(0.2)
+            if not await marks(world):
+                break
+        assert not await marks(world)
+        assert ar.service.worker.counters["marks_of_deleted_ledgers"] == 1
+
+    simulate(body)
+
+
+def test_two_workers_on_one_mark_copy_once() -> None:
+    async def body(world: World) -> None:
+        lid = await write(world, 10)
+        node = world.bookie_at(world.ledger(lid).value.ensembles[0][1][1])
+        drop_entries(node, lid)  # one replica lost them (its disk, say)
+        missing = [Missing(node.address, ("test",), 1)]
+        await mark_under_replicated(world.metadata_store(), lid, missing, now_ms=1)
+        workers = []
+        for i in range(2):
+            bk = world.client(f"w{i}")
+            workers.append(ReplicationWorker(bk.ctx, CONFIG, f"w{i}", lambda: 1))
+        leases = [await w.store.grant_lease(2) for w in workers]
+        tasks = [asyncio.create_task(w.run(x)) for w, x in zip(workers, leases, strict=True)]
+        for _ in range(50):
+            await asyncio.sleep(0.2)
+            if not await marks(world):
+                break
+        for t in tasks:
+            t.cancel()
+        copied = sum(w.counters["entries_copied"] for w in workers)
+        done = sum(w.counters["marks_done"] for w in workers)
+        assert done == 1 and copied == 10, [w.statistics() for w in workers]
+        assert await complete(world, lid)
+
+    simulate(body)
+
+
+def test_metadata_unavailable_mid_copy_leaves_nothing_half_done() -> None:
+    slow = CONFIG.replace(replication_rate_bytes_per_s=20, replication_entries_in_flight_max=1)
+
+    async def body(world: World) -> None:
+        lid = await write(world, 20)
+        before = world.ledger(lid)
+        victim = world.bookie_at(before.value.ensembles[0][1][0])
+        victim.lose()
+        ar = SimAutorecovery(world, "ar", slow)
+        ar.start()
+        for _ in range(200):
+            if ar.service.worker.counters["entries_copied"]:
+                break  # copying (slowly) to the replacement
+            await asyncio.sleep(0.1)
+        world.faults.metadata_failure_rate = 1.0  # etcd goes away mid-copy
+        world.calm_rates_changed()
+        await asyncio.sleep(8.0)
+        assert world.ledger(lid) == before  # no half-done ensemble change
+        (mark,) = await marks(world)
+        assert mark.plan  # the chosen replacement is kept for the next attempt
+        world.faults.metadata_failure_rate = 0.0
+        world.calm_rates_changed()
+        for _ in range(100):
+            await asyncio.sleep(0.5)
+            md = world.ledger(lid).value
+            if victim.address not in md.bookies() and not await marks(world):
+                break
+        else:
+            raise AssertionError("not restored after the store came back")
+        assert await complete(world, lid)
+        assert ar.service.statistics()["worker"]["entries_copied"] == 20  # resumed, not redone
+
+    simulate(body)
+
+
+def test_config_refuses_nan_infinity_and_ranges_naming_the_key() -> None:
+    for key, value in (
+        ("audit_interval_s", float("nan")),
+        ("lost_bookie_recovery_delay_s", float("inf")),
+        ("lost_bookie_recovery_delay_s", -1.0),
+        ("replication_workers", -1),
+        ("replication_rate_bytes_per_s", 0),
+        ("open_ledger_rereplication_grace_s", float("-inf")),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            AutorecoveryConfig.from_mapping({"metadata_uri": "memory://x", key: value})
+    assert (
+        AutorecoveryConfig.from_mapping(
+            {"metadata_uri": "memory://x", "lost_bookie_recovery_delay_s": 0}
+        ).lost_bookie_recovery_delay_s
+        == 0
+    )
+
+
+# --- pure parts ---------------------------------------------------------------------------
+
+
+@given(
+    st.integers(1, 6).flatmap(lambda e: st.tuples(st.just(e), st.integers(1, e))),
+    st.integers(0, 40),
+    st.integers(-1, 60),
+)
+def test_index_runs_are_exactly_the_entries_whose_write_set_holds_the_index(
+    quorum: tuple[int, int], first: int, last: int
+) -> None:
+    e, wq = quorum
+    for index in range(e):
+        got = set(fr.entries(fr.normalize(fr.index_runs(index, first, last, e, wq))))
+        want = {x for x in range(first, last + 1) if index in write_set(x, e, wq)}
+        assert got == want
+
+
+ids = st.sets(st.integers(0, 200), max_size=60)
+
+
+@given(ids, ids)
+def test_range_algebra_matches_sets(a: set[int], b: set[int]) -> None:
+    ra, rb = to_ranges(a), to_ranges(b)
+    assert set(fr.entries(fr.subtract(ra, rb))) == a - b
+    assert set(fr.entries(fr.intersect(ra, rb))) == a & b
+    assert set(fr.entries(merge_ranges(ra, rb))) == a | b
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), ids, st.booleans()), min_size=1, max_size=6))
+def test_marks_merge_without_losing_a_report_and_round_trip(
+    reports: list[tuple[str, set[int], bool]],
+) -> None:
+    mark = Mark(7, (), 100)
+    for n, (bookie, entries, everything) in enumerate(reports):
+        ranges = () if everything or not entries else to_ranges(entries)
+        mark = mark.merged([Missing(bookie, (f"r{n}",), 100 + n, ranges)])
+    assert Mark.from_json_bytes(mark.to_json_bytes()) == mark
+    for bookie in {r[0] for r in reports}:
+        (m,) = [m for m in mark.missing if m.bookie == bookie]
+        mine = [r for r in reports if r[0] == bookie]
+        if any(everything or not entries for _, entries, everything in mine):
+            assert m.entries == ()
+        else:
+            assert set(fr.entries(m.entries)) == set().union(*(e for _, e, _ in mine))
+
+
+def test_the_last_segment_of_an_open_ledger_is_not_replaced() -> None:
+    md = LedgerMetadata(1, 3, 3, 2, ((0, ("a", "b", "c")), (5, ("a", "b", "d"))))
+    assert md.with_replicas_replaced(0, {0: "e"}).ensembles[0][1] == ("e", "b", "c")
+    with pytest.raises(Exception, match="belongs to its writer"):
+        md.with_replicas_replaced(5, {0: "e"})
+    closed = md.closed(7, 70)
+    assert closed.with_replicas_replaced(5, {2: "e"}).state is LedgerState.CLOSED
