@@ -331,6 +331,11 @@ class ClientConfig(_Config):
     timeout_sweep_interval_s: float = 0.1  # how often pending requests' deadlines are checked
     reconnect_backoff_s: float = 0.1  # first wait before reconnecting to a failed bookie
     reconnect_backoff_max_s: float = 5.0
+    # A bookie answering TOO_MANY_REQUESTS to an add: retried after a backoff from the first
+    # to the max (doubling, jittered), at most this many times in a row, then replaced.
+    overload_retry_backoff_s: float = 0.01
+    overload_retry_backoff_max_s: float = 1.0
+    overload_retries_max: int = 20
     client_name: str = field(default="bookkeeper-aio")
     # Ledger handles.
     adds_pending_max: int = 10_000  # per writer; past it append() waits (backpressure)
@@ -364,6 +369,11 @@ class ClientConfig(_Config):
 
     def validate(self) -> None:
         super().validate()
+        backoffs = (("reconnect_backoff_s", "reconnect_backoff_max_s"),
+                    ("overload_retry_backoff_s", "overload_retry_backoff_max_s"))  # fmt: skip
+        for first, most in backoffs:
+            if getattr(self, first) > getattr(self, most):
+                raise ConfigError(f"{first} must be <= {most}")
         if self.add_batch_bytes_max > self.frame_bytes_max // 2:
             raise ConfigError(
                 f"add_batch_bytes_max ({self.add_batch_bytes_max}) must leave room in a frame: "
