@@ -355,7 +355,7 @@ BIG_REQUESTS = st.one_of(
         ),
         i64,
         st.integers(300, 1024),
-    ),  # fmt: skip
+    ),
 )
 
 
