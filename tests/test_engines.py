@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -637,6 +639,8 @@ def _files_with_data(path: str) -> FilesEngine:
     e = FilesEngine(path, entry_log_bytes_max=64 << 10)
     for entry_id in range(100):
         e.put_entry(1, entry_id, data(1, entry_id, 2000))
+        if entry_id % 10 == 9:
+            e.sync()  # logs roll at a sync (a bookie's checkpoint), not in a put
     e.put_ledger(1, INFO)
     e.put_entry(1, 100, data(1, 100, 5000))  # the last record
     e.close()
@@ -741,6 +745,68 @@ def test_files_failed_fdatasync_poisons_the_engine(
         e.close()
     e = FilesEngine(str(tmp_path))  # close released the lock anyway
     assert e.get_entry(1, 0) == b"synced"
+    e.close()
+
+
+def test_files_puts_never_fdatasync_and_logs_roll_at_a_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 25 defect 12: the put that crossed entry_log_bytes_max fdatasynced the whole log
+    # (up to 256 MiB) on the caller's thread, the bookie's event loop.
+    synced: list[str] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append("sync"), real(fd))[1])
+    e = FilesEngine(str(tmp_path), entry_log_bytes_max=64 << 10, write_buffer_bytes_max=8 << 10)
+    for entry_id in range(200):  # 400 KiB: six times the bound
+        e.put_entry(1, entry_id, data(1, entry_id, 2000))
+    assert synced == [] and len(_logs(str(tmp_path))) == 1
+    e.sync()  # the roll: the old log synced to its end, then the next one
+    assert len(_logs(str(tmp_path))) == 2 and synced
+    for entry_id in range(200, 240):
+        e.put_entry(1, entry_id, data(1, entry_id, 2000))
+        if entry_id % 10 == 9:
+            e.sync()
+    e.close()
+    e = FilesEngine(str(tmp_path))
+    assert [e.get_entry(1, i) for i in range(240)] == [data(1, i, 2000) for i in range(240)]
+    assert len(_logs(str(tmp_path))) == 3
+    e.close()
+
+
+def test_files_snapshot_is_serialized_outside_the_lock_and_stays_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Defect 12: the whole index was serialized under the lock every put needs. Now a put may
+    # run while a snapshot is written; it copies the chunk it changes, so the snapshot still
+    # describes exactly the log prefix it names.
+    import engines.files as files
+
+    e = FilesEngine(str(tmp_path), snapshot_interval_bytes=1)
+    for entry_id in range(3000):  # three chunks
+        e.put_entry(1, entry_id, b"v0")
+    locked: list[bool] = []
+    real = files._le_bytes
+
+    def serialize_chunk(slots):
+        locked.append(e._lock.locked())
+        if not locked[-1] and len(locked) == 1:
+            e.put_entry(1, 5, b"after the capture")  # a shared chunk: copied, not changed
+        return real(slots)
+
+    monkeypatch.setattr(files, "_le_bytes", serialize_chunk)
+    e.sync()
+    monkeypatch.undo()
+    assert locked and not any(locked)
+    assert e.get_entry(1, 5) == b"after the capture"
+    (snapshot,) = _snapshots(str(tmp_path))
+    body = snapshot.read_bytes()[16:]
+    _, _, pos, _, ledgers = msgpack.unpackb(body, raw=False)
+    ((_, _, last, chunks),) = ledgers
+    locations = [loc for _, raw in chunks for loc in struct.unpack(f"<{len(raw) // 8}q", raw)[::2]]
+    assert last == 2999 and all(0 <= loc & ((1 << 40) - 1) < pos for loc in locations if loc >= 0)
+    e.close()
+    e = FilesEngine(str(tmp_path))
+    assert e.get_entry(1, 5) == b"after the capture" and e.get_entry(1, 2999) == b"v0"
     e.close()
 
 
