@@ -29,7 +29,7 @@ from bookkeeper_aio.engine import Engine, LedgerInfo
 from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
 from engines.files import FilesEngine, LogCorruptError
 from engines.memory import MemoryDisk, MemoryEngine
-from engines.rocksdb import INFOS_CF, RocksDBEngine
+from engines.rocksdb import BATCHES_CF, INFOS_CF, RocksDBEngine
 
 # rocksdb-nowal: RocksDB without its WAL, as a bookie whose journal holds the data opens it.
 ENGINES = ["memory", "files", "rocksdb", "rocksdb-nowal"]
@@ -252,7 +252,9 @@ def _default_cf_keys(path: Path) -> list[bytes]:
     from rocksdict import Options, Rdict
 
     db = Rdict(
-        str(path), Options(raw_mode=True), column_families={INFOS_CF: Options(raw_mode=True)}
+        str(path),
+        Options(raw_mode=True),
+        column_families={cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF)},
     )
     try:
         return list(db.keys())
@@ -326,8 +328,8 @@ def test_rocksdb_with_blob_files_keeps_payloads_out_of_its_ssts(tmp_path: Path) 
     assert "enable_blob_files=true" in options.read_text()
     (blob,) = tmp_path.glob("*.blob")
     assert blob.stat().st_size > sum(map(len, records.values()))
-    (sst,) = tmp_path.glob("*.sst")
-    assert sst.stat().st_size < 20_000
+    ssts = list(tmp_path.glob("*.sst"))  # the entries' and the batch keys' (BATCHES_CF)
+    assert ssts and all(sst.stat().st_size < 20_000 for sst in ssts)
     e = RocksDBEngine(str(tmp_path), wal=False, blob_files=True)
     assert all(e.get_entry(1, i) == r for i, r in records.items())
     assert e.get_entry(2, 0) == b"short" and e.last_entry_id(1) == 99
@@ -338,6 +340,64 @@ def test_rocksdb_with_blob_files_keeps_payloads_out_of_its_ssts(tmp_path: Path) 
     e.delete_ledger(1)
     assert e.get_entry(1, 7) is None and e.ledgers() == [2]
     e.close()
+
+
+def _bytes_read() -> int:
+    """Bytes this process read with read/pread so far, page cache hits included."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+@pytest.mark.parametrize("wal", [True, False])
+def test_rocksdb_absent_ids_next_to_a_large_entry_read_none_of_it(
+    tmp_path: Path, wal: bool
+) -> None:
+    # Issue 25 defect 6: RocksDB reads the whole data block a lookup lands in; an absent id
+    # next to a 4 MiB entry read its block (~0.7 ms, 8,000 long-poll expiries: seconds).
+    big, small = os.urandom(4 << 20), b"s" * 100
+    e = RocksDBEngine(str(tmp_path), wal=wal)
+    e.put_entries(1, [(i, small) for i in range(10)])  # a batch
+    e.put_entries(1, [(10, big)])  # a batch of one big entry
+    e.put_entries(1, [(12, small)])  # 11 is a hole between batches
+    e.put_entries(2, [(0, small)])
+    e.put_entries(2, [(0, big)])  # a re-send: under an entry key
+    e.put_entries(2, [(2, small)])
+    e.close()
+    e = RocksDBEngine(str(tmp_path), wal=wal)  # from the SSTs, not the memtables
+    assert e.get_entry(1, 10) == big and e.get_entry(2, 0) == big
+    absent = [(1, 11), (1, 13), (1, 10**6), (2, 1), (2, 3)]
+    before = _bytes_read()
+    for _ in range(20):
+        assert all(e.get_entry(lid, eid) is None for lid, eid in absent)
+    assert _bytes_read() - before < 1 << 20  # was 20 x 5 x 4 MiB
+    assert e.get_entry(1, 12) == small and e.get_entry(2, 2) == small
+    e.close()
+
+
+def test_rocksdb_copies_batch_keys_of_an_older_dir_to_their_column_family(tmp_path: Path) -> None:
+    from rocksdict import Options, Rdict
+
+    e = RocksDBEngine(str(tmp_path))
+    e.put_entries(1, [(i, data(1, i, 50)) for i in range(5)])
+    e.put_entries(1, [(7, data(1, 7, 50)), (8, data(1, 8, 50))])
+    e.put_entries(3, [(0, data(3, 0, 50))])
+    e.close()
+    db = Rdict(  # as a dir written before BATCHES_CF existed
+        str(tmp_path),
+        Options(raw_mode=True),
+        column_families={cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF)},
+    )
+    db.drop_column_family(BATCHES_CF)
+    db.close()
+    del db
+    for _ in range(2):  # copied once, then found
+        e = RocksDBEngine(str(tmp_path))
+        assert [e.get_entry(1, i) for i in range(9)] == [
+            data(1, i, 50) if i in (0, 1, 2, 3, 4, 7, 8) else None for i in range(9)
+        ]
+        assert e.last_entry_id(1) == 8 and e.get_entry(3, 0) == data(3, 0, 50)
+        assert e.ledgers() == [1, 3] and e.list_entries(1, 3, 10) == [3, 4, 7, 8]
+        e.close()
 
 
 def test_last_entry_id(store: Store) -> None:
