@@ -28,6 +28,7 @@ from . import (
     journal,
     kafka,
     logs,
+    misses,
     overload,
     reads,
     recovery,
@@ -56,6 +57,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
         rereplication.run_rereplication,
         "autorecovery after a lost bookie: copy MB/s vs the disk, time to WQ",
     ),
+    "misses": (misses, misses.run_misses, "engines: absent entries next to a large one"),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
 }
 
