@@ -25,6 +25,7 @@ import uvloop
 from . import (
     bookie,
     floor,
+    hostile,
     journal,
     kafka,
     logs,
@@ -58,6 +59,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
         "autorecovery after a lost bookie: copy MB/s vs the disk, time to WQ",
     ),
     "misses": (misses, misses.run_misses, "engines: absent entries next to a large one"),
+    "hostile": (hostile, hostile.run_hostile, "a bookie's RSS under clients that never read"),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
 }
 
