@@ -608,6 +608,9 @@ class LedgerWriter:
         except BookKeeperError as exc:
             log.warning("ledger %d: ensemble change failed: %s", self.ledger_id, exc)
             self._fail(exc)
+        except Exception as exc:  # a bug: the writer fails loudly instead of hanging its adds
+            log.exception("ledger %d: ensemble change failed", self.ledger_id)
+            self._fail(BookKeeperError(f"ledger {self.ledger_id}: ensemble change failed: {exc!r}"))
 
     async def _replace(self, failed: dict[int, str]) -> None:
         self._ensemble_changes += 1
