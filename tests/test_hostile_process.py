@@ -221,23 +221,40 @@ def test_every_field_of_every_operation_with_wrong_types_and_out_of_range_values
     cls = data.draw(st.sampled_from(sorted(REQUESTS, key=lambda c: c.OP)), label="op")
     fields = list(REQUESTS[cls])
     rid = data.draw(st.integers(0, 2**63 - 1), label="request id")
-    mode = data.draw(st.sampled_from(["type", "range", "count"]) if fields else st.just("count"))
-    if mode == "count":
+    modes = ["type", "range", "count", "op"] if fields else ["count", "op"]
+    mode = data.draw(st.sampled_from(modes), label="mode")
+    op = cls.OP
+    if mode == "op":  # a response's op, an unknown one, a hello again
+        op = data.draw(st.sampled_from([1, 0, 10, 0x42, 0x81, 0x82, 0x89, 0xFF, 300, -1]))
+    elif mode == "count":
         fields = [*fields, 0] if data.draw(st.booleans()) or not fields else fields[:-1]
     else:
         index = data.draw(st.integers(0, len(fields) - 1), label="field")
         fields[index] = data.draw(WRONG_TYPES if mode == "type" else OUT_OF_RANGE, label="value")
-    wire.send_raw(_encode_fields(cls.OP, rid, fields))
+    wire.send_raw(_encode_fields(op, rid, fields))
     answer = wire.recv()
     assert answer.request_id == rid  # always answered, and named
     assert answer.status in KNOWN_STATUSES and answer.status != StatusCode.IO_ERROR, answer
-    if mode == "type" and _never_valid(cls, fields[index]):
+    if (mode == "type" and _never_valid(cls, fields[index])) or mode == "op":
         assert answer.status == StatusCode.BAD_REQUEST, answer
     wire.send(BookieInfoRequest(rid))  # the connection stays usable
     assert wire.recv().status == StatusCode.OK
 
 
 def test_after_the_field_attack_the_bookie_is_healthy(target):
+    target.assert_healthy()
+
+
+@pytest.mark.parametrize(
+    "fields", [[PROTOCOL_VERSION], [PROTOCOL_VERSION, "x", 1], ["3", "x"], [PROTOCOL_VERSION, b"x"],
+               [2**63 - 1, "x"], [PROTOCOL_VERSION, "x" * 70_000], [[[]], "x"]],
+)  # fmt: skip
+def test_a_first_frame_that_is_not_a_good_hello_is_refused_and_closed(target, fields):
+    hostile = Wire(target.address, hello=False)
+    hostile.send_raw(msgpack.packb([HelloRequest.OP, 5, *fields]))
+    answer = hostile.recv()
+    assert answer.status in (StatusCode.BAD_REQUEST, StatusCode.BAD_VERSION)
+    assert hostile.closed_by_peer()
     target.assert_healthy()
 
 
