@@ -236,10 +236,20 @@ async def in_process_cluster(tmp_path, bookies: int) -> AsyncIterator[tuple[str,
         yield uri, started
 
 
-async def register(uri: str, fake: FakeBookie, stack: contextlib.AsyncExitStack) -> None:
-    store = await stack.enter_async_context(open_metadata_store(uri))
-    await stack.enter_async_context(await store.register_bookie(fake.address, fake.address,
-                                                                None, False))  # fmt: skip
+@contextlib.asynccontextmanager
+async def with_fake(
+    tmp_path, answer: Answer
+) -> AsyncIterator[tuple[str, FakeBookie, contextlib.AsyncExitStack]]:
+    """Two in-process bookies and a registered fake one; the stack starts more."""
+    async with (
+        in_process_cluster(tmp_path, 2) as (uri, _),
+        FakeBookie(answer) as fake,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        store = await stack.enter_async_context(open_metadata_store(uri))
+        registration = await store.register_bookie(fake.address, fake.address, None, False)
+        await stack.enter_async_context(registration)
+        yield uri, fake, stack
 
 
 class Switch:
@@ -263,36 +273,33 @@ async def test_a_writer_replaces_a_bookie_answering_nonsense_and_recovery_goes_o
     behaviour = Switch()
     behaviour.nonsense = True
     async with (
-        in_process_cluster(tmp_path, 2) as (uri, _),
-        FakeBookie(behaviour) as fake,
-        contextlib.AsyncExitStack() as stack,
+        with_fake(tmp_path, behaviour) as (uri, fake, stack),
+        BookKeeper.connect(uri, CONFIG) as bk,
     ):
-        await register(uri, fake, stack)
-        async with BookKeeper.connect(uri, CONFIG) as bk:
-            writer = await bk.create_ledger(3, 3, 2, password=b"pw")
-            assert fake.address in writer.metadata.last_ensemble()[1]
-            spare = await stack.enter_async_context(
-                Bookie.serve(bookie_config(tmp_path / "spare", metadata_uri=uri))
-            )
-            async with asyncio.timeout(10):
-                ids = [await writer.append(b"%d" % i) for i in range(20)]
-            assert ids == list(range(20))
-            assert fake.address not in writer.metadata.last_ensemble()[1]
-            assert spare.config.bookie_id in writer.metadata.last_ensemble()[1]
-            await writer.close()
+        writer = await bk.create_ledger(3, 3, 2, password=b"pw")
+        assert fake.address in writer.metadata.last_ensemble()[1]
+        spare = await stack.enter_async_context(
+            Bookie.serve(bookie_config(tmp_path / "spare", metadata_uri=uri))
+        )
+        async with asyncio.timeout(10):
+            ids = [await writer.append(b"%d" % i) for i in range(20)]
+        assert ids == list(range(20))
+        assert fake.address not in writer.metadata.last_ensemble()[1]
+        assert spare.config.bookie_id in writer.metadata.last_ensemble()[1]
+        await writer.close()
 
-            # Now a recovery with the nonsense bookie in the last ensemble.
-            behaviour.nonsense = False
+        # Now a recovery with the nonsense bookie in the last ensemble.
+        behaviour.nonsense = False
+        writer2 = await bk.create_ledger(3, 3, 2, password=b"pw")
+        while fake.address not in writer2.metadata.last_ensemble()[1]:
             writer2 = await bk.create_ledger(3, 3, 2, password=b"pw")
-            while fake.address not in writer2.metadata.last_ensemble()[1]:
-                writer2 = await bk.create_ledger(3, 3, 2, password=b"pw")
-            for i in range(10):
-                await writer2.append(b"r%d" % i)
-            behaviour.nonsense = True
-            async with BookKeeper.connect(uri, CONFIG) as bk2, asyncio.timeout(10):
-                reader = await bk2.open_ledger(writer2.ledger_id, password=b"pw", recovery=True)
-                entries = await reader.read(0, reader.last_add_confirmed)
-            assert [e.payload for e in entries][:10] == [b"r%d" % i for i in range(10)]
+        for i in range(10):
+            await writer2.append(b"r%d" % i)
+        behaviour.nonsense = True
+        async with BookKeeper.connect(uri, CONFIG) as bk2, asyncio.timeout(10):
+            reader = await bk2.open_ledger(writer2.ledger_id, password=b"pw", recovery=True)
+            entries = await reader.read(0, reader.last_add_confirmed)
+        assert [e.payload for e in entries][:10] == [b"r%d" % i for i in range(10)]
 
 
 async def test_an_overloaded_bookie_is_retried_with_backoff_then_replaced(tmp_path):
@@ -304,22 +311,19 @@ async def test_an_overloaded_bookie_is_retried_with_backoff_then_replaced(tmp_pa
     config = CONFIG.replace(overload_retry_backoff_s=0.01, overload_retry_backoff_max_s=0.05,
                             overload_retries_max=4)  # fmt: skip
     async with (
-        in_process_cluster(tmp_path, 2) as (uri, _),
-        FakeBookie(overloaded) as fake,
-        contextlib.AsyncExitStack() as stack,
+        with_fake(tmp_path, overloaded) as (uri, fake, stack),
+        BookKeeper.connect(uri, config) as bk,
     ):
-        await register(uri, fake, stack)
-        async with BookKeeper.connect(uri, config) as bk:
-            writer = await bk.create_ledger(3, 3, 3, password=b"pw")  # the entry needs it
-            await stack.enter_async_context(
-                Bookie.serve(bookie_config(tmp_path / "spare", metadata_uri=uri))
-            )
-            async with asyncio.timeout(10):
-                assert await writer.append(b"x") == 0
-                await asyncio.sleep(0.5)  # the overloaded bookie was replaced: no more retries
-            assert writer.statistics()["ensemble_changes"] == 1
-            assert 1 + 4 <= len(fake.requests) <= 1 + 4 + 1  # first try, 4 retries (+ a race)
-            await writer.close()
+        writer = await bk.create_ledger(3, 3, 3, password=b"pw")  # the entry needs it
+        await stack.enter_async_context(
+            Bookie.serve(bookie_config(tmp_path / "spare", metadata_uri=uri))
+        )
+        async with asyncio.timeout(10):
+            assert await writer.append(b"x") == 0
+            await asyncio.sleep(0.5)  # the overloaded bookie was replaced: no more retries
+        assert writer.statistics()["ensemble_changes"] == 1
+        assert 1 + 4 <= len(fake.requests) <= 1 + 4 + 1  # first try, 4 retries (+ a race)
+        await writer.close()
 
 
 def test_the_retry_policy_backs_off_with_jitter_and_ends():
