@@ -225,7 +225,8 @@ class RocksDBEngine:
 
     def _index_batches(self) -> None:
         """Copy every batch key to ``BATCHES_CF`` (a dir written before it existed), mark it
-        complete, sync. One pass over the batches, once; a new dir just gets the marker."""
+        complete, sync. One pass over the batches, once. A new dir just gets the marker,
+        durable with the first sync (lost, the next open copies nothing again)."""
 
         def copy(it: RdictIter) -> WriteBatch:
             batch = WriteBatch(raw_mode=True)
@@ -238,7 +239,8 @@ class RocksDBEngine:
             return batch
 
         self._write(self._iterate(copy))
-        self.sync()
+        if self._batched:
+            self.sync()
 
     def _iterate(self, walk: Callable[[RdictIter], _T], db: Rdict | None = None) -> _T:
         """Run ``walk`` on a fresh iterator (of ``db``, default the entries) and drop it: a live
