@@ -61,7 +61,7 @@ class BodyDecoder:
         small_arrays = ARRAY_LEN_MAX
         if limits is not None:
             small_arrays = max([limits.array_len_max, *(n for _, n in limits.wide_fields.values())])
-        self._small = dict(common, max_str_len=STR_BYTES_MAX, max_array_len=small_arrays)
+        self.small_kwargs = dict(common, max_str_len=STR_BYTES_MAX, max_array_len=small_arrays)
         if limits is not None:
             self._bounded = {
                 text: dict(common, max_str_len=STR_BYTES_MAX if text else 0,
@@ -78,7 +78,7 @@ class BodyDecoder:
         """
         limits = self.limits
         if limits is None or len(body) <= SMALL_BODY_BYTES:
-            return msgpack.unpackb(body, **self._small)
+            return msgpack.unpackb(body, **self.small_kwargs)
         op = peek_op(body)
         self._objects_left = limits.objects_max
         kw = self._bounded[op in limits.text_ops]

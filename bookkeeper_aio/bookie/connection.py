@@ -98,7 +98,8 @@ class BookieConnection(asyncio.Protocol, Peer):
         self._add_bytes: dict[int, int] = {}  # request id -> payload bytes of pending adds
         self._pause_reasons: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None  # handshake, then idle timeout
-        self._last_request = 0.0  # loop time a request was last decoded
+        self._chunks = 0  # reads that completed requests (the idle timer compares it)
+        self._chunks_seen = -1  # _chunks when the idle timer last looked
         self.peer = "?"
 
     # --- asyncio.Protocol -----------------------------------------------------------------
@@ -126,17 +127,17 @@ class BookieConnection(asyncio.Protocol, Peer):
             return
         if not messages:
             return
-        self._last_request = self._loop.time()
+        self._chunks += 1  # not idle (cheaper than reading the clock on every read)
         if self._held:  # answers are backed up: these wait behind the others
             self._held.extend(messages)
             return
         self._receiving = True  # answers given meanwhile wait for the rest (one write)
         try:
-            for index, msg in enumerate(messages):
+            for msg in messages:
                 if self._closing:
                     return
                 if (self._blocked or self._out_bytes > self._out_max) and self._backed_up():
-                    self._held.extend(messages[index:])
+                    self._hold_rest(messages, msg)
                     return
                 self._on_message(msg)
         finally:
@@ -183,6 +184,12 @@ class BookieConnection(asyncio.Protocol, Peer):
         if self._blocked:
             self.pause_reading("output")
         return self._blocked
+
+    def _hold_rest(self, messages: list[Message | BadFrame], first: Message | BadFrame) -> None:
+        """Hold ``first`` and what follows it in ``messages`` (found by identity: equal
+        messages may come twice; no index is kept on the hot path)."""
+        start = next(i for i, msg in enumerate(messages) if msg is first)
+        self._held.extend(messages[start:])
 
     def defer(self, work: Callable[[], None]) -> None:
         """Produce a later answer (``work``) now, or once the peer has read enough."""
@@ -261,20 +268,18 @@ class BookieConnection(asyncio.Protocol, Peer):
             self._close_with(ErrorResponse(-1, StatusCode.BAD_REQUEST, "no hello in time"))
 
     def _idle(self) -> None:
-        """The idle timer: close a connection that awaits nothing and sent no request for
-        ``connection_idle_timeout_s``; else look again when it could be."""
+        """The idle timer, every ``connection_idle_timeout_s``: close a connection that
+        awaits nothing and completed no request since the last look (so an idle one goes
+        after one to two timeouts)."""
         if self._closing:
             return
-        timeout = self.config.connection_idle_timeout_s
-        now = self._loop.time()
-        if self._in_flight or self._held:
-            self._timer = self._loop.call_later(timeout, self._idle)
-        elif now - self._last_request >= timeout:
+        if self._chunks == self._chunks_seen and not self._in_flight and not self._held:
             self.bookie.counters["connections_idle_closed"] += 1
-            log.info("closing %s: idle for %.0f s", self.peer, now - self._last_request)
+            log.info("closing %s: idle", self.peer)
             self.close()
-        else:
-            self._timer = self._loop.call_later(self._last_request + timeout - now, self._idle)
+            return
+        self._chunks_seen = self._chunks
+        self._timer = self._loop.call_later(self.config.connection_idle_timeout_s, self._idle)
 
     # --- output ---------------------------------------------------------------------------
 
