@@ -181,7 +181,7 @@ REQUESTS: dict[type, list[Any]] = {  # a valid instance's fields after the reque
 }
 WRONG_TYPES = st.one_of(
     st.text(max_size=8), st.binary(max_size=8), st.floats(allow_nan=True), st.none(),
-    st.booleans(), st.lists(st.integers(), max_size=3), st.just({"a": 1}),
+    st.booleans(), st.lists(st.integers(-(2**63), 2**64 - 1), max_size=3), st.just({"a": 1}),
     st.just(msgpack.ExtType(5, b"x")), st.integers(2**63, 2**64 - 1),
     st.recursive(st.none(), lambda inner: st.lists(inner, max_size=2), max_leaves=8),
 )  # fmt: skip
