@@ -219,7 +219,8 @@ class BookieConfig(AutorecoverySettings):
     connection_output_bytes_max: int = 8 * MiB
     handshake_timeout_s: float = 10.0
     # A greeted connection with nothing in flight that completes no request for this long is
-    # closed (idle clients, and slowloris: a frame trickled in byte by byte never completes).
+    # closed, within one more period (idle clients; slowloris: a frame trickled in byte by byte
+    # never completes).
     connection_idle_timeout_s: float = 600.0
     multi_add_parts_max: int = 1024  # parts of one MultiAddRequest; more: BAD_REQUEST
     # Entries of one add request (an AddBatchRequest, or a MultiAddRequest's parts together);
