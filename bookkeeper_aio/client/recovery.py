@@ -19,8 +19,10 @@ Theory of operation
    replaced in a *local* ensemble from the lowest entry not yet at AQ, and every entry from
    there that counted on it is written again.
 4. **Close**: CAS IN_RECOVERY → CLOSED at the last recovered entry, committing local ensemble
-   changes with it. Concurrent recoverers read the same bookies and converge on the same end;
-   whoever loses the CAS adopts the winner's CLOSED metadata.
+   changes with it — only those: the segments before the first of them are the metadata's at
+   the close (an autorecovery may have replaced a lost bookie there meanwhile). Concurrent
+   recoverers read the same bookies and converge on the same end; whoever loses the CAS
+   adopts the winner's CLOSED metadata.
 
 The ledger's byte length is not carried by entries, so a recovered ledger records length -1
 (unknown) unless nothing past the writer's close was needed.
@@ -75,9 +77,19 @@ async def recover(
     first_of_last, _ = md.last_ensemble()
     below = ctx.has_bug("recovery-below-last-segment")
     last = recovery_start(lac, first_of_last, below_last_segment=below)
-    ensembles = {first: list(ens) for first, ens in md.ensembles}
+    ensembles = LocalEnsembles({first: list(ens) for first, ens in md.ensembles})
     last = await _read_forward(ctx, md, key, last, ensembles)
     return await _close(ctx, versioned, last, ensembles)
+
+
+class LocalEnsembles(dict[int, list[str]]):
+    """The ensembles recovery writes back to: the metadata's as recovery started, with its
+    local replacements; ``changed_from`` is the first entry of the earliest of those (None:
+    none). Only that part is recovery's to commit: the segments before it are taken from the
+    metadata as it is at the close (an autorecovery may have replaced a lost bookie in them
+    meanwhile, and writing back the old ones would undo it)."""
+
+    changed_from: int | None = None
 
 
 def _to_recovery(v: Versioned) -> LedgerMetadata | None:
@@ -286,10 +298,18 @@ async def _replace_locally(
     for f in [f for f in ensembles if f > entry_id]:
         del ensembles[f]
     ensembles[entry_id] = new
+    if isinstance(ensembles, LocalEnsembles):
+        start = ensembles.changed_from
+        ensembles.changed_from = entry_id if start is None else min(start, entry_id)
 
 
-async def _close(ctx: ClientContext, versioned: Versioned, last: int, ensembles: dict) -> Versioned:
-    segments = tuple((f, tuple(e)) for f, e in sorted(ensembles.items()))
+async def _close(
+    ctx: ClientContext, versioned: Versioned, last: int, ensembles: LocalEnsembles
+) -> Versioned:
+    start = ensembles.changed_from
+    local = tuple(
+        (f, tuple(e)) for f, e in sorted(ensembles.items()) if start is not None and f >= start
+    )
 
     def close(v: Versioned) -> LedgerMetadata | None:
         md: LedgerMetadata = v.value
@@ -303,6 +323,9 @@ async def _close(ctx: ClientContext, versioned: Versioned, last: int, ensembles:
             return None
         if md.state is not LedgerState.IN_RECOVERY:
             raise MetadataVersionError(f"ledger {md.ledger_id} changed state during recovery")
+        segments = md.ensembles  # as they are now (module docstring: LocalEnsembles)
+        if start is not None:
+            segments = tuple(s for s in md.ensembles if s[0] < start) + local
         return LedgerMetadata(**{**md.__dict__, "ensembles": segments}).closed(last, -1)
 
     return await update_ledger(
