@@ -390,3 +390,40 @@ async def test_recovery_past_a_hung_bookie_takes_one_timeout_not_one_per_entry(c
                 hung.signal(signal.SIGCONT)
     assert [e.payload for e in entries] == [b"entry-%d" % i for i in range(30)]
     assert took < 2 * timeout_s, took
+
+
+async def test_a_recovery_close_keeps_a_replacement_made_while_it_ran(tmp_path, monkeypatch):
+    # The simulator (seed 340 with autorecovery) found a recovery whose close wrote back the
+    # segments it had read at its start, undoing an autorecovery's replacement of a lost
+    # bookie in an earlier segment: the entries copied to the replacement lost their listing.
+    import bookkeeper_aio.client.recovery as recovery_module
+    from bookkeeper_aio.metadata.store import update_ledger
+
+    async with (
+        in_process_cluster(tmp_path, 4) as (uri, bookies),
+        BookKeeper.connect(uri, CONFIG) as bk,
+    ):
+        writer = await bk.create_ledger(3, 3, 2, password=b"pw")
+        for i in range(5):
+            await writer.append(b"%d" % i)
+        first_ensemble = writer.metadata.ensembles[0][1]
+        others = [b.config.bookie_id for b in bookies if b.config.bookie_id not in first_ensemble]
+        spare = others[0]
+        # The writer changed its ensemble at 5 (then vanished): segment 0 is an earlier one.
+        await update_ledger(bk.ctx.metadata, writer.ledger_id,
+                            lambda v: v.value.with_ensemble_change(5, (spare, *first_ensemble[1:])),
+                            5)  # fmt: skip
+        read_forward = recovery_module._read_forward
+
+        def replaced(v):  # what an autorecovery does to segment 0 (entries copied first)
+            return v.value.with_replicas_replaced(0, {1: spare})
+
+        async def meanwhile(ctx, md, key, last, ensembles):
+            await update_ledger(bk.ctx.metadata, md.ledger_id, replaced, 5)
+            return await read_forward(ctx, md, key, last, ensembles)
+
+        monkeypatch.setattr(recovery_module, "_read_forward", meanwhile)
+        async with BookKeeper.connect(uri, CONFIG) as bk2:
+            reader = await bk2.open_ledger(writer.ledger_id, password=b"pw")
+        assert reader.is_closed and reader.last_add_confirmed == 4
+        assert reader.metadata.ensembles[0][1][1] == spare  # kept, not undone
