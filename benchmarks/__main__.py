@@ -25,9 +25,11 @@ import uvloop
 from . import (
     bookie,
     floor,
+    hostile,
     journal,
     kafka,
     logs,
+    misses,
     overload,
     reads,
     recovery,
@@ -56,6 +58,8 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
         rereplication.run_rereplication,
         "autorecovery after a lost bookie: copy MB/s vs the disk, time to WQ",
     ),
+    "misses": (misses, misses.run_misses, "engines: absent entries next to a large one"),
+    "hostile": (hostile, hostile.run_hostile, "a bookie's RSS under clients that never read"),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
 }
 

@@ -107,7 +107,8 @@ class _Config:
         return config
 
     def validate(self) -> None:
-        """Check ranges; subclasses add their own rules.
+        """Check ranges; subclasses add their own rules. NaN and infinities are never valid
+        (a comparison with NaN is always false, so ``value <= 0`` would let it through).
 
         Raises:
             ConfigError: a value is out of range.
@@ -188,6 +189,11 @@ class AutorecoverySettings(_Config):
 class BookieConfig(AutorecoverySettings):
     """A bookie's configuration (``python -m bookkeeper_aio.bookie --config FILE``)."""
 
+    # 0: the integrity check runs at boot only.
+    ZERO_ALLOWED: ClassVar[frozenset[str]] = AutorecoverySettings.ZERO_ALLOWED | {
+        "data_integrity_check_interval_s"
+    }
+
     # Where it listens and how clients find it.
     listen: str = "127.0.0.1:3181"
     advertised_address: str | None = None  # bookie id; defaults to ``listen``
@@ -208,8 +214,18 @@ class BookieConfig(AutorecoverySettings):
     connections_max: int = 1024
     connection_requests_in_flight_max: int = 10_000  # past it: TOO_MANY_REQUESTS
     connection_in_flight_bytes_max: int = 64 * MiB  # payload bytes awaiting the journal
-    connection_output_bytes_max: int = 8 * MiB  # unsent replies; past it we stop reading
+    # Answer bytes not yet sent (queued or in the socket's buffer): past it the connection
+    # stops reading and handling requests, and long-poll or fence reads wait to be answered.
+    connection_output_bytes_max: int = 8 * MiB
     handshake_timeout_s: float = 10.0
+    # A greeted connection with nothing in flight that completes no request for this long is
+    # closed, within one more period (idle clients; slowloris: a frame trickled in byte by byte
+    # never completes).
+    connection_idle_timeout_s: float = 600.0
+    multi_add_parts_max: int = 1024  # parts of one MultiAddRequest; more: BAD_REQUEST
+    # Entries of one add request (an AddBatchRequest, or a MultiAddRequest's parts together);
+    # past it the rest are BAD_REQUEST: work per frame is bounded, not just its bytes.
+    request_entries_max: int = 65_536
 
     # Journal: group commit bounded by bytes and by wait time, then fdatasync.
     journal_batch_bytes_max: int = 512 * KiB
@@ -228,7 +244,12 @@ class BookieConfig(AutorecoverySettings):
 
     # Long-poll reads parked waiting for the LAC to advance.
     long_poll_parked_max: int = 10_000
+    connection_long_polls_max: int = 1_000  # parked by one connection: none takes them all
     long_poll_timeout_ms_max: int = 60_000
+
+    # Ledger states cached in memory (master key, fence, best LAC); least recently loaded ones
+    # without parked reads or a pending fence are dropped past it and reloaded from the engine.
+    ledger_cache_max: int = 100_000
 
     # Read-only mode when a ledger dir fills up.
     disk_check_interval_s: float = 10.0
@@ -291,6 +312,8 @@ class BookieConfig(AutorecoverySettings):
             raise ConfigError("journal_file_bytes_max must hold a batch plus the largest frame")
         if self.autorecovery and not self.metadata_uri:
             raise ConfigError("autorecovery=true needs metadata_uri (marks and locks live there)")
+        if self.connection_long_polls_max > self.long_poll_parked_max:
+            raise ConfigError("connection_long_polls_max must be <= long_poll_parked_max")
 
     @property
     def bookie_id(self) -> str:
@@ -309,6 +332,11 @@ class ClientConfig(_Config):
     timeout_sweep_interval_s: float = 0.1  # how often pending requests' deadlines are checked
     reconnect_backoff_s: float = 0.1  # first wait before reconnecting to a failed bookie
     reconnect_backoff_max_s: float = 5.0
+    # A bookie answering TOO_MANY_REQUESTS to an add: retried after a backoff from the first
+    # to the max (doubling, jittered), at most this many times in a row, then replaced.
+    overload_retry_backoff_s: float = 0.01
+    overload_retry_backoff_max_s: float = 1.0
+    overload_retries_max: int = 20
     client_name: str = field(default="bookkeeper-aio")
     # Ledger handles.
     adds_pending_max: int = 10_000  # per writer; past it append() waits (backpressure)
@@ -342,6 +370,11 @@ class ClientConfig(_Config):
 
     def validate(self) -> None:
         super().validate()
+        backoffs = (("reconnect_backoff_s", "reconnect_backoff_max_s"),
+                    ("overload_retry_backoff_s", "overload_retry_backoff_max_s"))  # fmt: skip
+        for first, most in backoffs:
+            if getattr(self, first) > getattr(self, most):
+                raise ConfigError(f"{first} must be <= {most}")
         if self.add_batch_bytes_max > self.frame_bytes_max // 2:
             raise ConfigError(
                 f"add_batch_bytes_max ({self.add_batch_bytes_max}) must leave room in a frame: "

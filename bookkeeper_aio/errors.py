@@ -161,14 +161,20 @@ _BY_STATUS: dict[StatusCode, type[BookieStatusError]] = {
 }
 
 
-def error_for_status(status: int, message: str = "") -> BookieStatusError:
-    """The exception for a non-OK wire status (an unknown number becomes BadRequestError)."""
-    assert status != StatusCode.OK
+def error_for_status(status: int, message: str = "") -> BookKeeperError:
+    """The exception for a non-OK wire status. A bookie that says OK in an error answer, or
+    a number no bookie sends, is not making sense: that is a :class:`ProtocolError` (which a
+    client treats like a broken connection), never an assertion or a guess."""
     try:
         code = StatusCode(status)
-    except ValueError:
-        return BadRequestError(f"unknown status {status}: {message}")
+    except (ValueError, TypeError):
+        return ProtocolError(f"bookie answered an unknown status {status!r:.20}: {message}")
+    if code is StatusCode.OK:
+        return ProtocolError(f"bookie answered an error with status OK: {message}")
     return _BY_STATUS[code](message or f"bookie answered {code.name}")
+
+
+KNOWN_STATUSES = frozenset(int(code) for code in StatusCode)
 
 
 # --- errors of the local side -----------------------------------------------------------

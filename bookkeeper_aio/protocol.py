@@ -30,6 +30,13 @@ from typing import Any, NamedTuple
 import msgpack
 from xxhash import xxh3_64_intdigest
 
+from .bounded_msgpack import (
+    ARRAY_LEN_MAX,
+    SMALL_BODY_BYTES,
+    BodyDecoder,
+    DecodeLimits,
+    peek_request_id,
+)
 from .digest import ENTRY_RECORD_HEADER, HEADER, LacProof
 from .errors import FrameTooLargeError, ProtocolError
 
@@ -38,8 +45,6 @@ FRAME_HEADER = struct.Struct(">I")
 RESPONSE_BIT = 0x80
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 UINT64_MAX = (1 << 64) - 1
-STR_BYTES_MAX = 64 * 1024
-ARRAY_LEN_MAX = 1 << 20
 
 # Flags of AddRequest
 ADD_FLAG_RECOVERY = 0x1
@@ -188,7 +193,9 @@ def pack_add_entries(entries: Iterable[tuple[int, int, int, int, bytes]]) -> byt
 CheckedEntry = tuple[int, int, int, int, memoryview, bool]
 
 
-def check_add_entries(ledger_id: int, data: bytes, start: int = 0) -> list[CheckedEntry]:
+def check_add_entries(
+    ledger_id: int, data: bytes, start: int = 0, *, entries_max: int = 1 << 62
+) -> list[CheckedEntry]:
     """The ``(entry_id, lac, payload_digest, digest, record, intact)`` of packed entries from
     ``start``, unpacked and checked in one pass (what a bookie does with every add batch).
     ``record`` is the stored form (header and payload), a view of ``data`` (no copy);
@@ -196,10 +203,14 @@ def check_add_entries(ledger_id: int, data: bytes, start: int = 0) -> list[Check
     to ``digest``.
 
     Raises:
-        ValueError: an entry is cut short, or its record is shorter than its header.
+        ValueError: an entry is cut short, its record is shorter than its header, or there
+            are more than ``entries_max`` entries.
     """
     unpack, view, pack = ADD_ENTRY_HEAD.unpack_from, memoryview(data), HEADER.pack
     skip, out, pos, end = ENTRY_RECORD_HEADER.size, [], start, len(data)
+    # Every entry takes at least ADD_ENTRY_HEAD.size bytes: a cheap bound before any work.
+    if (end - pos) // ADD_ENTRY_HEAD.size > entries_max and _more_entries(data, pos, entries_max):
+        raise ValueError(f"more than {entries_max} entries")
     while pos < end:
         if end - pos < ADD_ENTRY_HEAD.size:
             raise ValueError(f"packed entries cut short at byte {pos - start}")
@@ -214,6 +225,17 @@ def check_add_entries(ledger_id: int, data: bytes, start: int = 0) -> list[Check
         )
         out.append((entry_id, lac, pdigest, digest, view[start:pos], intact))
     return out
+
+
+def _more_entries(data: bytes, pos: int, most: int) -> bool:
+    """Whether ``data`` holds more than ``most`` packed entries from ``pos`` (their lengths
+    only are read, and only as far as needed)."""
+    end, prefix = len(data), PACKED_ENTRY_PREFIX
+    for _ in range(most + 1):
+        if end - pos < prefix.size:
+            return False
+        pos += prefix.size + prefix.unpack_from(data, pos)[1]
+    return True
 
 
 # --- responses ----------------------------------------------------------------------------
@@ -354,19 +376,21 @@ class BadFrame(NamedTuple):
 # --- field validation -------------------------------------------------------------------
 # Each message's fields are described by one tag per field; a checker function is generated
 # from the tags (a generic per-field loop costs ~1.5 us per message, the generated one ~0.3 us).
-#   i int64   u uint64   b bytes   s str   t bool
+#   i int64   n int64 >= 0 (an id)   u uint64   b bytes   s str   t bool
 #   I int64 or None   U uint64 or None   B bytes or None   p LacProof or None   r ranges
 #   l list of int64   m list of non-empty lists, each starting with an int (an op)
+# Requests name ledgers (and a read its entry) with ``n``: ids are int64 >= 0, checked at the
+# edge, so no negative id reaches the handler or an engine (RocksDB keys pack them unsigned).
 
 _SPECS: dict[type, str] = {
     HelloRequest: "iis",
-    AddRequest: "iiiibibu",
-    ReadRequest: "iiiiBii",
-    ReadLacRequest: "iiiB",
-    WriteLacRequest: "iibiu",
-    ListEntriesRequest: "iiii",
+    AddRequest: "iniibibu",
+    ReadRequest: "inniBii",
+    ReadLacRequest: "iniB",
+    WriteLacRequest: "inbiu",
+    ListEntriesRequest: "inii",
     BookieInfoRequest: "i",
-    AddBatchRequest: "iiibb",
+    AddBatchRequest: "inibb",
     AddBatchResponse: "iiil",
     MultiAddRequest: "im",
     MultiAddResponse: "iim",
@@ -381,8 +405,10 @@ _SPECS: dict[type, str] = {
 }
 _INT = f"(type({{v}}) is int and {INT64_MIN} <= {{v}} <= {INT64_MAX})"
 _UINT = f"(type({{v}}) is int and 0 <= {{v}} <= {UINT64_MAX})"
+_ID = f"(type({{v}}) is int and 0 <= {{v}} <= {INT64_MAX})"
 _TAG_EXPR = {
     "i": _INT,
+    "n": _ID,
     "u": _UINT,
     "b": "(type({v}) is bytes)",
     "s": "(type({v}) is str)",
@@ -440,7 +466,7 @@ def _build(fields: list[Any]) -> Message | BadFrame:
     request_id = args[0] if args and type(args[0]) is int and _in_int64(args[0]) else -1
     entry = _BY_OP.get(op) if type(op) is int else None
     if entry is None:
-        return BadFrame(request_id, f"unknown operation {op!r:.20}")
+        return BadFrame(request_id, f"unknown operation {describe(op)}")
     cls, count, check = entry
     if len(args) != count:
         return BadFrame(request_id, f"{cls.__name__} takes {count} fields, got {len(args)}")
@@ -458,7 +484,7 @@ def multi_add_parts(msg: MultiAddRequest) -> list[AddRequest | AddBatchRequest |
     rid = msg.request_id
     return [
         _build([part[0], rid, *part[1:]]) if part[0] in MULTI_ADD_PART_OPS  # type: ignore[misc]
-        else BadFrame(rid, f"operation {part[0]} cannot be part of a MultiAddRequest")
+        else BadFrame(rid, f"operation {describe(part[0])} cannot be part of a MultiAddRequest")
         for part in msg.parts
     ]  # fmt: skip
 
@@ -475,7 +501,7 @@ def multi_add_results(msg: MultiAddResponse) -> list[Message | BadFrame]:
     allowed = (AddResponse.OP, AddBatchResponse.OP, ErrorResponse.OP)
     return [
         _build([result[0], rid, *result[1:]]) if result[0] in allowed
-        else BadFrame(rid, f"operation {result[0]} cannot answer an add")
+        else BadFrame(rid, f"operation {describe(result[0])} cannot answer an add")
         for result in msg.results
     ]  # fmt: skip
 
@@ -492,8 +518,23 @@ def _in_int64(v: int) -> bool:
 def _first_bad_field(cls: type, args: list[Any]) -> str:
     for i, tag in enumerate(_SPECS[cls]):
         if not _checker(tag)([args[i]]):
-            return f"field {cls._fields[i]} has a bad value {args[i]!r:.60}"  # type: ignore[attr-defined]
+            return f"field {cls._fields[i]} has a bad value {describe(args[i])}"  # type: ignore[attr-defined]
     return "bad fields"
+
+
+def describe(value: Any) -> str:
+    """A short description of a decoded value for an error text. Never ``repr`` the value
+    itself: a 5 MiB field would make a 20 MB text, and arrays nested a thousand deep make
+    ``repr`` raise RecursionError."""
+    kind = type(value)
+    if kind is int or kind is float or kind is bool or value is None:
+        text = repr(value)
+        return text if len(text) <= 24 else f"{text[:20]}..."
+    if kind is str or kind is bytes:
+        return f"{kind.__name__} of length {len(value)} {value[:16]!r}"
+    if kind is list:
+        return f"array of {len(value)}"
+    return kind.__name__
 
 
 # --- codec --------------------------------------------------------------------------------
@@ -581,13 +622,47 @@ def encode(msg: Message) -> bytes:
     return encoder.encode(msg)
 
 
-class FrameDecoder:
-    """Turns a byte stream cut at arbitrary points into messages (and BadFrames)."""
+# What a frame may decode into on each side (bounded_msgpack.py). A bookie: only a
+# MultiAddRequest has a long array (its parts, each a short array of an add's fields) and only
+# a HelloRequest carries text.
+PART_FIELDS_MAX = 9
 
-    def __init__(self, frame_bytes_max: int) -> None:
+
+def request_limits(multi_add_parts_max: int) -> DecodeLimits:
+    """A bookie's decode limits for the requests it reads."""
+    return DecodeLimits(
+        array_len_max=NARROW_ARRAY_LEN,
+        objects_max=(PART_FIELDS_MAX + 2) * multi_add_parts_max + 64,
+        wide_fields={MultiAddRequest.OP: (2, multi_add_parts_max)},
+        text_ops=frozenset({HelloRequest.OP}),
+    )
+
+
+# A client's: entry ranges, a batch's statuses and a multi-add's results are long arrays.
+RESPONSE_LIMITS = DecodeLimits(
+    array_len_max=ARRAY_LEN_MAX,
+    objects_max=4 * ARRAY_LEN_MAX,
+    wide_fields={},
+    text_ops=frozenset(
+        {HelloResponse.OP, BookieInfoResponse.OP, MultiAddResponse.OP, ErrorResponse.OP}
+    ),
+)
+NARROW_ARRAY_LEN = 16  # a request's field list (and a multi-add part's) is shorter
+
+
+class FrameDecoder:
+    """Turns a byte stream cut at arbitrary points into messages (and BadFrames).
+
+    ``limits`` bound what one frame may decode into beyond its length (bounded_msgpack.py;
+    None: msgpack's own bounds only, for tools and tests).
+    """
+
+    def __init__(self, frame_bytes_max: int, limits: DecodeLimits | None = None) -> None:
         assert frame_bytes_max > 0
         self.frame_bytes_max = frame_bytes_max
         self._buf = bytearray()
+        self._bodies = BodyDecoder(frame_bytes_max, limits)
+        self._small = self._bodies.small_kwargs  # the hot path: one call fewer per frame
 
     @property
     def buffered_bytes(self) -> int:
@@ -627,22 +702,21 @@ class FrameDecoder:
 
     def _decode_body(self, body: memoryview) -> Message | BadFrame:
         try:
-            fields = msgpack.unpackb(
-                body,
-                raw=False,
-                use_list=True,
-                strict_map_key=True,
-                max_str_len=STR_BYTES_MAX,
-                max_bin_len=self.frame_bytes_max,
-                max_array_len=ARRAY_LEN_MAX,
-                max_map_len=0,
-                max_ext_len=0,
-            )
+            if len(body) <= SMALL_BODY_BYTES:  # BodyDecoder.decode's own first case, inlined
+                fields = msgpack.unpackb(body, **self._small)
+            else:
+                fields = self._bodies.decode(body)
         except Exception as exc:  # msgpack raises several types for garbage
-            return BadFrame(-1, f"not a msgpack body: {type(exc).__name__}")
+            reason = f"not a valid msgpack body: {type(exc).__name__} {str(exc)[:80]}"
+            return BadFrame(peek_request_id(body), reason)
         if type(fields) is not list:
             return BadFrame(-1, f"body is a {type(fields).__name__}, not an array")
-        return _build(fields)
+        try:
+            return _build(fields)
+        except Exception as exc:  # a check that cannot cope with a value: still an answer
+            request_id = fields[1] if len(fields) > 1 and type(fields[1]) is int else -1
+            return BadFrame(request_id if _in_int64(request_id) else -1,
+                            f"malformed message: {type(exc).__name__}")  # fmt: skip
 
 
 def decode_all(data: bytes, frame_bytes_max: int = 1 << 30) -> list[Message | BadFrame]:

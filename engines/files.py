@@ -5,19 +5,25 @@ Theory of operation
 Every write (entry, ledger info, delete tombstone) becomes one *record* appended to the current
 entry log ``entrylog-XXXXXXXX.log``. Records are staged in a memory buffer and reach the file with
 one ``os.write`` when the buffer fills or on ``sync()``; ``sync()`` then ``fdatasync``s every log
-written since the previous sync, and the directory when a log was created. A log rolls over past
-``entry_log_bytes_max``; the old log is fdatasync'ed before the next one is created, so a torn
-record can only ever sit at the tail of the newest log.
+written since the previous sync, and the directory when a log was created. A log rolls over at
+the first ``sync()`` after it passed ``entry_log_bytes_max``, in the sync's thread: the old log
+is fdatasync'ed to its end before the next one is created, so a torn record can only ever sit
+at the tail of the newest log — and no put waits for that fdatasync (it once ran inside the put
+that crossed the bound: up to 256 MiB synced on the event loop). The bulk of it runs outside
+the lock; only what was appended meanwhile is synced under it, right before the switch.
 
 The index lives in memory: per ledger, chunks of 1024 entry slots in ``array('q')`` (two numbers
 per slot: the location ``log_id << 40 | offset`` or -1 for a hole, and the record length), plus
 the ledger info and the highest entry id. A record still in the buffer is read from the buffer.
 
 The index is checkpointed into a snapshot file that names the log position it covers (on a sync
-once ``snapshot_interval_bytes`` were appended since the last one, and on close). Opening loads
-the newest valid snapshot and replays the logs from its position. A bad record at the tail of the
-newest log is a write torn by a crash and is truncated away; a bad record anywhere else is
-corruption and opening fails. The byte layouts are in docs/engines.md.
+once ``snapshot_interval_bytes`` were appended since the last one, and on close). Under the lock
+a sync only takes the index's shape (per ledger its info, last id and chunk map) and marks the
+chunks as shared; a put that changes a shared chunk copies it first (copy-on-write), so the
+snapshot is serialized outside the lock, in pieces, and still describes exactly the log prefix
+it names. Opening loads the newest valid snapshot and replays the logs from its position. A bad
+record at the tail of the newest log is a write torn by a crash and is truncated away; a bad
+record anywhere else is corruption and opening fails. The byte layouts are in docs/engines.md.
 
 Space is not reclaimed: log files of deleted ledgers stay until a garbage collector exists (it
 would need to copy live records forward and keep tombstones until the older logs are gone).
@@ -53,6 +59,10 @@ SNAPSHOT_MAGIC = b"BKAIDX01"
 SNAPSHOT_TAIL_BYTES = 4096  # a snapshot checksums this much log before its position
 SNAPSHOTS_KEPT = 2
 _OFFSET_MASK = (1 << OFFSET_BITS) - 1
+# A log rolls at a sync once past entry_log_bytes_max; past this it rolls at once (a log may not
+# outgrow its locations, and a record is at most 4 GiB).
+_LOG_BYTES_HARD_MAX = (1 << OFFSET_BITS) - (1 << 33)
+_ROLL_SYNC_ROUNDS = 4  # fdatasyncs outside the lock before the last bit is synced under it
 _CHUNK_BITS = 10
 _HOLES = array("q", [-1, 0]) * (1 << _CHUNK_BITS)
 _LOG_NAME = re.compile(r"entrylog-([0-9a-f]{8})\.log")
@@ -66,17 +76,22 @@ class LogCorruptError(RuntimeError):
 class _Ledger:
     """One ledger's index: chunked entry locations, the highest entry id, the info."""
 
-    __slots__ = ("chunks", "info", "last")
+    __slots__ = ("chunks", "info", "last", "shared")
 
     def __init__(self) -> None:
         self.chunks: dict[int, array[int]] = {}  # entry_id >> 10 -> [loc, length] * up to 1024
         self.info: LedgerInfo | None = None
         self.last = -1
+        self.shared: set[int] | None = None  # chunks a snapshot holds: copied before a change
 
     def set(self, entry_id: int, loc: int, length: int) -> None:
-        slots = self.chunks.get(entry_id >> _CHUNK_BITS)
+        chunk = entry_id >> _CHUNK_BITS
+        slots = self.chunks.get(chunk)
+        if self.shared and chunk in self.shared:  # the snapshot's copy stays as it was
+            self.shared.discard(chunk)
+            slots = self.chunks[chunk] = array("q", slots)
         if slots is None:
-            slots = self.chunks[entry_id >> _CHUNK_BITS] = array("q")
+            slots = self.chunks[chunk] = array("q")
         i = (entry_id & ((1 << _CHUNK_BITS) - 1)) * 2
         if len(slots) <= i:  # grow lazily so a small ledger costs a few slots, not a chunk
             slots.extend(_HOLES[: i + 2 - len(slots)])
@@ -103,9 +118,10 @@ class _Ledger:
                     out.append(base + i // 2)
         return out
 
-    def dump(self) -> list[object]:
-        chunks = [[c, _le_bytes(s)] for c, s in self.chunks.items()]
-        return [self.info.to_bytes() if self.info else None, self.last, chunks]
+    def capture(self) -> tuple[bytes | None, int, dict[int, array[int]]]:
+        """The ledger as a snapshot will hold it (lock held): its chunks become shared."""
+        self.shared = set(self.chunks)
+        return self.info.to_bytes() if self.info else None, self.last, dict(self.chunks)
 
     @classmethod
     def load(cls, info: bytes | None, last: int, chunks: list[list[object]]) -> _Ledger:
@@ -158,6 +174,7 @@ class FilesEngine:
         self._fds: dict[int, int] = {}
         self._buf = bytearray()
         self._dirty: set[int] = set()  # logs written since the last sync
+        self._synced_end = 0  # the current log is durable up to here (as far as we know)
         self._dir_dirty = False
         self._since_snapshot = 0
         self._syncs = 0
@@ -205,8 +222,8 @@ class FilesEngine:
     def _append(self, head: bytes, tail: bytes, data: bytes) -> int:
         """Stage one record; return its location. Caller holds ``_lock``."""
         self._check_usable()
-        if self._log_end >= self._log_bytes_max:
-            self._roll()
+        if self._log_end >= _LOG_BYTES_HARD_MAX:
+            self._roll()  # no sync came for a very long time: roll here, whatever it costs
         pos = self._log_end
         buf = self._buf
         buf += head
@@ -238,15 +255,40 @@ class FilesEngine:
             self._dirty.add(self._log_id)
 
     def _roll(self) -> None:
+        """Switch to the next log, the current one synced to its end first (so a torn record
+        can only ever be at the tail of the newest log). Caller holds ``_lock``."""
         self._flush()
-        # Sync the old log now, so a torn record can only ever be at the tail of the newest log.
-        try:
-            os.fdatasync(self._fds[self._log_id])
-        except OSError as e:
-            self._failure = e
-            raise
+        self._fdatasync(self._fds[self._log_id])
         self._dirty.discard(self._log_id)
         self._open_log(self._log_id + 1)
+
+    def _roll_if_full(self) -> None:
+        """Roll a log past ``entry_log_bytes_max`` (the sync thread, ``_sync_lock`` held):
+        sync the bulk outside the lock while puts go on, then under it only the rest."""
+        for _ in range(_ROLL_SYNC_ROUNDS):
+            with self._lock:
+                self._check_usable()
+                if self._log_end < self._log_bytes_max:
+                    return
+                self._flush()
+                fd, end = self._fds[self._log_id], self._log_end
+                if end - self._synced_end <= self._buffer_bytes_max:
+                    break  # little left: sync it under the lock, below
+            self._fdatasync(fd)
+            with self._lock:
+                if self._fds.get(self._log_id) == fd:
+                    self._synced_end = end
+        with self._lock:
+            if self._log_end >= self._log_bytes_max:
+                self._roll()
+                self._synced_end = 0
+
+    def _fdatasync(self, fd: int) -> None:
+        try:
+            os.fdatasync(fd)
+        except OSError as e:
+            self._failure = e  # a failed fdatasync cannot be retried: poison the engine
+            raise
 
     def _open_log(self, log_id: int) -> None:
         path = self._log_path(log_id)
@@ -257,6 +299,7 @@ class FilesEngine:
         fd = self._fds[log_id] = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._log_id = log_id
         self._log_end = self._flushed = os.fstat(fd).st_size
+        self._synced_end = 0  # as far as we know: a roll syncs it all
         self._dir_dirty |= created
 
     # ----- reads
@@ -324,16 +367,19 @@ class FilesEngine:
             self._sync(force_snapshot=False)
 
     def _sync(self, *, force_snapshot: bool) -> None:
+        if not force_snapshot:  # close() does not roll: the next open appends where it was
+            self._roll_if_full()
         snapshot = None
         with self._lock:
             self._check_usable()
             self._flush()
             fds = [self._fds[i] for i in self._dirty]
+            current_end = self._log_end if self._log_id in self._dirty else None
             self._dirty.clear()
             dir_dirty, self._dir_dirty = self._dir_dirty, False
             due = self._since_snapshot >= self._snapshot_interval
             if due or (force_snapshot and self._since_snapshot > 0):
-                snapshot = self._snapshot()  # under the lock: the index matches the log exactly
+                snapshot = self._capture()  # its shape only: the chunks are copy-on-write
                 self._since_snapshot = 0
         try:
             for fd in fds:  # outside the lock: puts and gets go on while the disk works
@@ -343,8 +389,11 @@ class FilesEngine:
         except OSError as e:
             self._failure = e
             raise
+        if current_end is not None:
+            with self._lock:
+                self._synced_end = max(self._synced_end, current_end)
         if snapshot is not None:  # only now is every record the snapshot covers durable
-            self._write_snapshot(*snapshot)
+            self._write_snapshot(*_serialize(*snapshot))
         self._syncs += 1
 
     def close(self) -> None:
@@ -367,25 +416,26 @@ class FilesEngine:
 
     # ----- snapshots
 
-    def _snapshot(self) -> tuple[str, bytes]:
-        """Serialize the index as of the current log end. Caller holds ``_lock``, buffer empty."""
+    def _capture(self) -> tuple[int, int, int, list[tuple[int, bytes | None, int, dict]]]:
+        """The index as of the current log end, as cheaply as the lock allows: per ledger its
+        info, last id and chunk map; the chunks are shared, copied by the next put that
+        changes one. Caller holds ``_lock``, buffer empty."""
         pos = self._log_end
         tail = self._tail_sum(self._fds[self._log_id], pos)
-        ledgers = [[lid, *ledger.dump()] for lid, ledger in self._ledgers.items()]
-        body = msgpack.packb([1, self._log_id, pos, tail, ledgers])
-        name = f"index-{self._log_id:08x}-{pos:016x}.snap"
-        return name, SNAPSHOT_MAGIC + SUM.pack(xxh3_64_intdigest(body)) + body
+        ledgers = [(lid, *ledger.capture()) for lid, ledger in self._ledgers.items()]
+        return self._log_id, pos, tail, ledgers
 
     @staticmethod
     def _tail_sum(fd: int, pos: int) -> int:
         n = min(pos, SNAPSHOT_TAIL_BYTES)
         return xxh3_64_intdigest(os.pread(fd, n, pos - n))
 
-    def _write_snapshot(self, name: str, blob: bytes) -> None:
+    def _write_snapshot(self, name: str, pieces: list[bytes]) -> None:
         tmp = os.path.join(self.directory, "index.snap.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _write_all(fd, blob)
+            for piece in pieces:
+                _write_all(fd, piece)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -487,6 +537,27 @@ class FilesEngine:
 
     def _log_path(self, log_id: int) -> str:
         return os.path.join(self.directory, f"entrylog-{log_id:08x}.log")
+
+
+def _serialize(
+    log_id: int, pos: int, tail: int, ledgers: list[tuple[int, bytes | None, int, dict]]
+) -> tuple[str, list[bytes]]:
+    """A captured index as a snapshot file's name and bytes, in pieces: one msgpack call per
+    chunk, so the event loop's thread gets the GIL between them (docs/engines.md has the
+    layout; the bytes are those of one ``packb`` of the whole)."""
+    packer = msgpack.Packer()
+    body = [packer.pack_array_header(5), packer.pack(1), packer.pack(log_id), packer.pack(pos),
+            packer.pack(tail), packer.pack_array_header(len(ledgers))]  # fmt: skip
+    for lid, info, last, chunks in ledgers:
+        body += (packer.pack_array_header(4), packer.pack(lid), packer.pack(info),
+                 packer.pack(last), packer.pack_array_header(len(chunks)))  # fmt: skip
+        for c, slots in chunks.items():
+            body.append(packer.pack([c, _le_bytes(slots)]))
+    digest = xxh3_64()
+    for piece in body:
+        digest.update(piece)
+    name = f"index-{log_id:08x}-{pos:016x}.snap"
+    return name, [SNAPSHOT_MAGIC + SUM.pack(digest.intdigest()), *body]
 
 
 def _parse(data: bytes | mmap.mmap, pos: int, size: int) -> tuple[int, int, int, int] | None:

@@ -35,10 +35,25 @@ id, so each new ledger compacted older ones (docs/performance.md, seventh round)
 ``b"L"`` infos in the default family has them moved on open. Entry keys, rare, sort after
 every batch: a flush that holds some overlaps older SSTs and costs one compaction.
 
+Lookups never position on a value they do not need: RocksDB reads the whole data block a key
+lands in, and a block holding a 4 MiB entry took a lookup of an absent id next to it from ~10
+µs to ~0.7 ms (8,000 long-poll expiries then blocked a bookie's loop for seconds). So:
+
+* an id past the ledger's last entry (a tailer's or a long poll's next entry, recovery's probe
+  past the end) is absent without a read: ``last_entry_id`` is cached;
+* every batch key is also written, with no value, to the column family ``batches``
+  (``BATCHES_CF``): the batch that may hold an id is found there, and its value is then read by
+  its exact key only when its id range covers the id;
+* the entries' column family has a Bloom filter, so the point lookup of an absent entry key
+  (a ledger with entry keys checks them first on every read) skips the data blocks.
+
+A dir written before the ``batches`` family existed gets its batch keys copied there on open
+(one pass over the batches, then a marker key; synced).
+
 Big-endian ids make byte order numeric order, so a ledger's batches and its entries are each one
 contiguous key range (``seek`` walks it, ``seek_for_prev`` finds its last, ``delete_range``
-drops it). A write batch spanning both families is still atomic; one WAL serves both, and
-without it ``sync()`` flushes both memtables.
+drops it). A write batch spanning the families is still atomic; one WAL serves them all, and
+without it ``sync()`` flushes each family's memtable.
 
 Writes (``sync=False``) go into one staged ``WriteBatch``. With the WAL (``wal=True``) it
 reaches the DB at the end of each call. Without it (below) it may gather several calls, up to
@@ -75,6 +90,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from rocksdict import (
+    BlockBasedOptions,
     ColumnFamily,
     DBCompressionType,
     DBRecoveryMode,
@@ -106,6 +122,8 @@ def entry_key(ledger_id: int, entry_id: int) -> bytes:
 
 
 INFOS_CF = "infos"  # the column family of the ledger infos
+BATCHES_CF = "batches"  # every batch key again, without its value (module docstring)
+_BATCHES_MARKER = b"v1"  # in BATCHES_CF: it holds every batch key (sorts after b"b...")
 
 
 def info_key(ledger_id: int) -> bytes:
@@ -141,6 +159,8 @@ class RocksDBEngine:
         self._db: Rdict | None = _open_db(self.directory, memtable_bytes, direct_io, blob_files)
         self._infos_db: Rdict | None = self._db.get_column_family(INFOS_CF)
         self._infos_cf: ColumnFamily | None = self._db.get_column_family_handle(INFOS_CF)
+        self._batches_db: Rdict | None = self._db.get_column_family(BATCHES_CF)
+        self._batches_cf: ColumnFamily | None = self._db.get_column_family_handle(BATCHES_CF)
         self._write_opt = WriteOptions()
         self._write_opt.sync = False  # the fsync is flush_wal(True) in sync(), once per group
         self._write_opt.disable_wal = not wal  # a property in rocksdict 0.3.29, not a method
@@ -182,18 +202,16 @@ class RocksDBEngine:
                     f"ledger dir {self.directory} has ledger infos under the old b'l' keys "
                     "(before 2026-11); this version reads b'L' keys only",
                 )
-            for space, found in ((b"e", self._singles), (b"b", self._batched)):
-                it.seek(space)
-                while it.valid() and it.key()[:1] == space:
-                    ledger_id = _ID.unpack_from(it.key(), 1)[0]
-                    found.add(ledger_id)
-                    if ledger_id == _ID_MAX:
-                        break
-                    it.seek(_LEDGER_KEY.pack(space, ledger_id + 1))
+            _skip_scan(it, b"e", self._singles)
             return infos(it)
 
         old = self._iterate(scan)
         current = self._iterate(infos, self._infos_db)
+        assert self._batches_db is not None
+        if self._batches_db.get(_BATCHES_MARKER) is None:
+            self._index_batches()  # a dir from before BATCHES_CF (or a new one)
+        else:
+            self._iterate(lambda it: _skip_scan(it, b"b", self._batched), self._batches_db)
         if old:
             batch = WriteBatch(raw_mode=True)
             for ledger_id, data in old.items():
@@ -204,6 +222,25 @@ class RocksDBEngine:
             self.sync()
         for ledger_id, data in {**old, **current}.items():
             self._infos[ledger_id] = LedgerInfo.from_bytes(data)
+
+    def _index_batches(self) -> None:
+        """Copy every batch key to ``BATCHES_CF`` (a dir written before it existed), mark it
+        complete, sync. One pass over the batches, once. A new dir just gets the marker,
+        durable with the first sync (lost, the next open copies nothing again)."""
+
+        def copy(it: RdictIter) -> WriteBatch:
+            batch = WriteBatch(raw_mode=True)
+            it.seek(b"b")
+            while it.valid() and it.key()[:1] == b"b":
+                batch.put(it.key(), b"", self._batches_cf)
+                self._batched.add(_ID.unpack_from(it.key(), 1)[0])
+                it.next()
+            batch.put(_BATCHES_MARKER, b"", self._batches_cf)
+            return batch
+
+        self._write(self._iterate(copy))
+        if self._batched:
+            self.sync()
 
     def _iterate(self, walk: Callable[[RdictIter], _T], db: Rdict | None = None) -> _T:
         """Run ``walk`` on a fresh iterator (of ``db``, default the entries) and drop it: a live
@@ -234,9 +271,11 @@ class RocksDBEngine:
                 for entry_id, record in entries:
                     parts += (PACKED_ENTRY_PREFIX.pack(entry_id, len(record)), record)
                 packed = b"".join(parts)
+            key = _BATCH_KEY.pack(b"b", ledger_id, first, last)
             with self._lock:
                 batch = self._stage()
-                batch.put(_BATCH_KEY.pack(b"b", ledger_id, first, last), packed)
+                batch.put(key, packed)
+                batch.put(key, b"", self._batches_cf)  # found there without reading values
                 self._staged_bytes += len(packed)
                 self._write_staged(self._write_behind_bytes)
             self._batched.add(ledger_id)
@@ -270,6 +309,8 @@ class RocksDBEngine:
                 # 17 bytes of 0xff sort after every key of this ledger (ids up to 2**64-1).
                 start = _LEDGER_KEY.pack(space, ledger_id)
                 batch.delete_range(start, start + b"\xff" * 17)
+            start = _LEDGER_KEY.pack(b"b", ledger_id)
+            batch.delete_range(start, start + b"\xff" * 17, self._batches_cf)
             batch.delete(info_key(ledger_id), self._infos_cf)
             self._write_staged()
         self._infos.pop(ledger_id, None)
@@ -305,8 +346,8 @@ class RocksDBEngine:
     # ----- reads
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
-        if entry_id < 0:
-            return None
+        if entry_id < 0 or entry_id > self.last_entry_id(ledger_id):
+            return None  # past the last entry: absent, without reading anything
         with self._lock:
             assert self._db is not None, "engine is closed"
             self._write_staged()
@@ -324,10 +365,15 @@ class RocksDBEngine:
         for (lid, first), batch in reversed(self._parsed.items()):
             if lid == ledger_id and first <= entry_id <= batch.last:
                 return batch
-        found = self._iterate(lambda it: _db_batch(it, ledger_id, entry_id))
+        found = self._iterate(lambda it: _db_batch(it, ledger_id, entry_id), self._batches_db)
         if found is None:
             return None
-        first, batch = found
+        first, last = found
+        assert self._db is not None
+        value = self._db.get(_BATCH_KEY.pack(b"b", ledger_id, first, last))
+        if value is None:
+            return None
+        batch = _Batch(last, value)
         if len(batch.value) <= self._parsed_bytes_max:
             self._parsed[(ledger_id, first)] = batch
             self._parsed_bytes += len(batch.value)
@@ -344,7 +390,9 @@ class RocksDBEngine:
                 last = -1  # no entries (a new ledger): no read, which would write the staged
             else:
                 with self._lock:
-                    last = self._iterate(lambda it: _db_last(it, ledger_id))
+                    last = max(self._iterate(lambda it: _db_last(it, ledger_id, b"e")),
+                               self._iterate(lambda it: _db_last(it, ledger_id, b"b"),
+                                             self._batches_db))  # fmt: skip
             self._last[ledger_id] = last
         return last
 
@@ -377,8 +425,8 @@ class RocksDBEngine:
     def sync(self) -> None:
         with self._sync_lock:
             with self._lock:
-                db, infos = self._db, self._infos_db
-                assert db is not None and infos is not None, "engine is closed"
+                db, infos, batches = self._db, self._infos_db, self._batches_db
+                assert db is not None and infos is not None and batches is not None, "closed"
                 self._write_staged()
             # The durability point; both release the GIL while they write and fsync. One WAL
             # serves both column families; without it, each flushes its own memtable.
@@ -386,6 +434,7 @@ class RocksDBEngine:
                 db.flush_wal(True)
             else:
                 infos.flush(True)
+                batches.flush(True)
                 db.flush(True)
             self._syncs += 1
 
@@ -402,6 +451,7 @@ class RocksDBEngine:
         with self._sync_lock, self._lock:
             db, self._db = self._db, None
             self._infos_db = self._infos_cf = None  # handles also hold the LOCK
+            self._batches_db = self._batches_cf = None
             self._staged, self._staged_bytes = None, 0  # close() synced them; else a failure
             if db is not None:
                 db.close()
@@ -439,12 +489,19 @@ def _open_db(directory: str, memtable_bytes: int, direct_io: bool, blob_files: b
         # compaction (the gain fell to 3 %); a blob file goes once all its entries are deleted.
         opts.set_enable_blob_files(True)
         opts.set_min_blob_size(BLOB_BYTES_MIN)
-    # Ledger infos in a column family of their own (INFOS_CF): see the module doc.
+    # A Bloom filter: a point lookup of an absent entry key skips the data blocks (which may
+    # hold a neighbour's megabytes).
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    # Ledger infos and batch keys in column families of their own (INFOS_CF, BATCHES_CF).
     opts.create_missing_column_families(True)
     infos = Options(raw_mode=True)
     infos.set_write_buffer_size(1 << 20)  # infos are a few dozen bytes each
+    batches = Options(raw_mode=True)
+    batches.set_write_buffer_size(1 << 20)  # 25 bytes per batch
     try:
-        return Rdict(directory, opts, column_families={INFOS_CF: infos})
+        return Rdict(directory, opts, column_families={INFOS_CF: infos, BATCHES_CF: batches})
     except Exception as e:  # rocksdict raises a bare Exception("IO error: ... lock ...")
         if "lock" in str(e).lower():
             raise OSError(
@@ -493,28 +550,43 @@ def _ascending_above(entries: list[tuple[int, bytes]], last: int) -> bool:
     return True
 
 
-def _db_batch(it: RdictIter, ledger_id: int, entry_id: int) -> tuple[int, _Batch] | None:
-    """(first id, batch) of the ledger's batch whose id range covers ``entry_id``, if any:
-    batches never overlap, so it is the one with the greatest first id <= ``entry_id``."""
+def _db_batch(it: RdictIter, ledger_id: int, entry_id: int) -> tuple[int, int] | None:
+    """(first, last id) of the ledger's batch whose id range covers ``entry_id``, if any, from
+    an iterator of ``BATCHES_CF``: batches never overlap, so it is the one with the greatest
+    first id <= ``entry_id``."""
     it.seek_for_prev(_BATCH_KEY.pack(b"b", ledger_id, entry_id, _ID_MAX))
     if it.valid():
         key = it.key()
         if key[:9] == _LEDGER_KEY.pack(b"b", ledger_id):
             first, last = _RANGE.unpack_from(key, 9)
             if entry_id <= last:
-                return first, _Batch(last, it.value())
+                return first, last
     return None
 
 
-def _db_last(it: RdictIter, ledger_id: int) -> int:
-    last = -1
-    it.seek_for_prev(entry_key(ledger_id, _ID_MAX))
-    if it.valid() and it.key()[:9] == _LEDGER_KEY.pack(b"e", ledger_id):
-        last = int(_ID.unpack_from(it.key(), 9)[0])
+def _db_last(it: RdictIter, ledger_id: int, space: bytes) -> int:
+    """The ledger's last entry id under entry keys (``b"e"``, the entries' iterator) or batch
+    keys (``b"b"``, an iterator of ``BATCHES_CF``); -1 if none."""
+    if space == b"e":
+        it.seek_for_prev(entry_key(ledger_id, _ID_MAX))
+        if it.valid() and it.key()[:9] == _LEDGER_KEY.pack(b"e", ledger_id):
+            return int(_ID.unpack_from(it.key(), 9)[0])
+        return -1
     it.seek_for_prev(_BATCH_KEY.pack(b"b", ledger_id, _ID_MAX, _ID_MAX))
     if it.valid() and it.key()[:9] == _LEDGER_KEY.pack(b"b", ledger_id):
-        last = max(last, int(_RANGE.unpack_from(it.key(), 9)[1]))
-    return last
+        return int(_RANGE.unpack_from(it.key(), 9)[1])
+    return -1
+
+
+def _skip_scan(it: RdictIter, space: bytes, found: set[int]) -> None:
+    """Add every ledger with keys in ``space`` to ``found`` (one seek per ledger)."""
+    it.seek(space)
+    while it.valid() and it.key()[:1] == space:
+        ledger_id = _ID.unpack_from(it.key(), 1)[0]
+        found.add(ledger_id)
+        if ledger_id == _ID_MAX:
+            break
+        it.seek(_LEDGER_KEY.pack(space, ledger_id + 1))
 
 
 def _db_batch_ids(it: RdictIter, ledger_id: int, start: int, max_count: int) -> list[int]:

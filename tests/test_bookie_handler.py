@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Callable
 
 import pytest
 
 from bookkeeper_aio.bookie.handler import RequestHandler, to_ranges
 from bookkeeper_aio.bookie.journal import REC_ENTRIES, REC_ENTRY, REC_FENCE, REC_MASTER_KEY
+from bookkeeper_aio.bookie.long_poll import Peer
 from bookkeeper_aio.bookie.records import LEDGER_KEY, replay_into
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.digest import LacProof, entry_digest, lac_digest, master_key, payload_digest
@@ -66,10 +68,10 @@ class Harness:
         self.replies: list = []
         self.rid = 0
 
-    def send(self, cls, *fields, sync: bool = True):
+    def send(self, cls, *fields, sync: bool = True, peer=None):
         self.rid += 1
         before = len(self.replies)
-        self.handler.handle(cls(self.rid, *fields), self.replies.append)
+        self.handler.handle(cls(self.rid, *fields), self.replies.append, peer)
         if sync:
             self.journal.sync()
         return self.replies[-1] if len(self.replies) > before else None
@@ -373,3 +375,134 @@ def test_without_journal_data_an_add_is_acknowledged_before_any_sync():
     assert fence is None  # fences still wait for the journal
     h.journal.sync()
     assert h.replies[-1].status == StatusCode.OK
+
+
+# --- hostile input and failure paths (issue 25) -------------------------------------------
+
+
+class RefusingEngine(MemoryEngine):
+    """An engine whose put_ledger fails (as RocksDB's key packing did for a negative id)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def put_ledger(self, ledger_id, info):
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [struct.error("argument out of range"), OSError(5, "EIO")])
+def test_a_fence_the_engine_refuses_is_answered_and_never_remembered(error):
+    # The fence must be durable before it is answered OK: a failed one leaves nothing cached,
+    # so a second fence does not answer OK from the cache with nothing journaled.
+    h = Harness()
+    h.handler.engine = RefusingEngine(error)
+    for _ in range(2):
+        reply = h.read(0, flags=READ_FLAG_FENCE, key=KEY)
+        assert reply.status == StatusCode.IO_ERROR
+        assert h.journal.durable == [] and h.handler.statistics()["ledgers_cached"] == 0
+
+
+def test_a_failed_fence_of_a_known_ledger_leaves_it_unfenced():
+    h = Harness()
+    h.add(0)
+    h.handler.engine.put_ledger = lambda *a: (_ for _ in ()).throw(OSError(5, "EIO"))
+    assert h.read(0, flags=READ_FLAG_FENCE, key=KEY).status == StatusCode.IO_ERROR
+    assert not h.handler.ledger(L).fenced
+    assert h.read(0, flags=READ_FLAG_FENCE, key=KEY).status == StatusCode.IO_ERROR
+
+
+def test_any_exception_on_a_request_path_is_an_error_answer():
+    h = Harness()
+    h.add(0)
+    h.handler.engine.get_entry = lambda *a: (_ for _ in ()).throw(RuntimeError("a bug"))
+    assert h.read(0).status == StatusCode.IO_ERROR
+    h.handler.engine.list_entries = lambda *a: (_ for _ in ()).throw(KeyError("a bug"))
+    assert h.send(ListEntriesRequest, L, 0, 10).status == StatusCode.IO_ERROR
+
+
+def test_list_entries_at_the_last_int64_id_answers_an_int64_next_id():
+    h = Harness()
+    last = 2**63 - 1
+    h.add(last, lac=-1)
+    reply = h.send(ListEntriesRequest, L, last, 1)
+    assert reply.status == StatusCode.OK and reply.ranges == [[last, last]]
+    assert reply.next_entry_id == -1
+    (decoded,) = decode_all(encode(reply))  # what a client makes of it
+    assert decoded == reply
+
+
+def test_a_multi_add_with_too_many_parts_is_refused_whole():
+    h = Harness(multi_add_parts_max=4)
+    parts = [as_part(AddRequest(0, L, e, 0, KEY, e - 1, b"x", entry_digest(L, e, e - 1, b"x")))
+             for e in range(5)]  # fmt: skip
+    reply = h.send(MultiAddRequest, parts)
+    assert reply.status == StatusCode.BAD_REQUEST and reply.results == []
+    assert h.engine.get_entry(L, 0) is None
+
+
+def test_a_multi_add_carries_at_most_request_entries_max_entries():
+    h = Harness(request_entries_max=5)
+    packed = pack_add_entries(
+        (e, e - 1, payload_digest(b"x"), entry_digest(L, e, e - 1, b"x"), b"x") for e in range(4)
+    )
+    batch = as_part(AddBatchRequest(0, L, 0, KEY, packed))
+    single = as_part(AddRequest(0, L, 4, 0, KEY, 3, b"x", entry_digest(L, 4, 3, b"x")))
+    late = as_part(AddRequest(0, L, 5, 0, KEY, 4, b"x", entry_digest(L, 5, 4, b"x")))
+    reply = h.send(MultiAddRequest, [batch, single, late])
+    (reply,) = decode_all(encode(reply))
+    statuses = [r.status for r in multi_add_results(reply)]
+    assert statuses == [StatusCode.OK, StatusCode.OK, StatusCode.BAD_REQUEST]
+    too_many = pack_add_entries(
+        (e, e - 1, payload_digest(b""), entry_digest(L, e, e - 1, b""), b"") for e in range(6, 12)
+    )
+    assert type(h.send(AddBatchRequest, L, 0, KEY, too_many)) is ErrorResponse
+
+
+async def test_long_polls_are_bounded_per_connection_and_freed_with_it():
+    h = Harness(long_poll_parked_max=10, connection_long_polls_max=3)
+    h.add(0)
+    greedy, other = Peer(), Peer()
+    poll = dict(flags=READ_FLAG_LONG_POLL, previous_lac=-1, timeout_ms=60_000)
+    for _ in range(3):
+        assert h.read(1, peer=greedy, **poll) is None
+    assert h.read(1, peer=greedy, **poll).status == StatusCode.TOO_MANY_REQUESTS
+    assert h.read(1, peer=other, **poll) is None  # another connection still has room
+    assert h.handler.parked == 4
+    before = len(h.replies)
+    greedy.drop_long_polls()  # the connection went away: its slots come back at once
+    assert h.handler.parked == 1 and len(h.replies) == before  # and nobody is answered
+    h.add(1)  # LAC 0 passes: only the other connection's poll is answered
+    assert h.handler.parked == 0 and h.replies[-2].status == StatusCode.OK
+
+
+async def test_a_waiter_that_raises_does_not_strand_the_others(caplog):
+    h = Harness()
+    h.add(0)
+    assert h.read(1, flags=READ_FLAG_LONG_POLL, previous_lac=-1, timeout_ms=60_000) is None
+    state = h.handler.ledger(L)
+    state.waiters = {"broken": lambda: 1 / 0, **state.waiters}
+    h.add(1)
+    assert h.replies[-2].status == StatusCode.OK and h.handler.parked == 0
+    assert "failed to wake" in caplog.text
+
+
+def test_the_ledger_cache_is_bounded_and_keeps_busy_ledgers():
+    h = Harness(ledger_cache_max=3)
+    for ledger_id in range(10):
+        h.send(AddRequest, ledger_id, 0, 0, KEY, -1, b"x", entry_digest(ledger_id, 0, -1, b"x"))
+    assert h.handler.statistics()["ledgers_cached"] == 3
+    # Evicted ones load again from the engine, fence and all.
+    h.send(ReadLacRequest, 0, READ_FLAG_FENCE, KEY)
+    for ledger_id in range(1, 10):
+        h.send(ReadLacRequest, ledger_id, 0, None)
+    assert h.handler.ledger(0).fenced
+    assert h.send(AddRequest, 0, 1, 0, KEY, 0, b"y", entry_digest(0, 1, 0, b"y")).status == (
+        StatusCode.FENCED
+    )
+    # A fence still syncing is never evicted (a reload would think it durable).
+    h.send(ReadLacRequest, 5, READ_FLAG_FENCE, KEY, sync=False)
+    for ledger_id in range(6, 10):
+        h.send(ReadLacRequest, ledger_id, 0, None, sync=False)
+    assert 5 in h.handler._ledgers and not h.handler._ledgers[5].fence_durable
+    h.journal.sync()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,7 +29,7 @@ from bookkeeper_aio.engine import Engine, LedgerInfo
 from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
 from engines.files import FilesEngine, LogCorruptError
 from engines.memory import MemoryDisk, MemoryEngine
-from engines.rocksdb import INFOS_CF, RocksDBEngine
+from engines.rocksdb import BATCHES_CF, INFOS_CF, RocksDBEngine
 
 # rocksdb-nowal: RocksDB without its WAL, as a bookie whose journal holds the data opens it.
 ENGINES = ["memory", "files", "rocksdb", "rocksdb-nowal"]
@@ -250,7 +252,9 @@ def _default_cf_keys(path: Path) -> list[bytes]:
     from rocksdict import Options, Rdict
 
     db = Rdict(
-        str(path), Options(raw_mode=True), column_families={INFOS_CF: Options(raw_mode=True)}
+        str(path),
+        Options(raw_mode=True),
+        column_families={cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF)},
     )
     try:
         return list(db.keys())
@@ -324,8 +328,8 @@ def test_rocksdb_with_blob_files_keeps_payloads_out_of_its_ssts(tmp_path: Path) 
     assert "enable_blob_files=true" in options.read_text()
     (blob,) = tmp_path.glob("*.blob")
     assert blob.stat().st_size > sum(map(len, records.values()))
-    (sst,) = tmp_path.glob("*.sst")
-    assert sst.stat().st_size < 20_000
+    ssts = list(tmp_path.glob("*.sst"))  # the entries' and the batch keys' (BATCHES_CF)
+    assert ssts and all(sst.stat().st_size < 20_000 for sst in ssts)
     e = RocksDBEngine(str(tmp_path), wal=False, blob_files=True)
     assert all(e.get_entry(1, i) == r for i, r in records.items())
     assert e.get_entry(2, 0) == b"short" and e.last_entry_id(1) == 99
@@ -336,6 +340,64 @@ def test_rocksdb_with_blob_files_keeps_payloads_out_of_its_ssts(tmp_path: Path) 
     e.delete_ledger(1)
     assert e.get_entry(1, 7) is None and e.ledgers() == [2]
     e.close()
+
+
+def _bytes_read() -> int:
+    """Bytes this process read with read/pread so far, page cache hits included."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+@pytest.mark.parametrize("wal", [True, False])
+def test_rocksdb_absent_ids_next_to_a_large_entry_read_none_of_it(
+    tmp_path: Path, wal: bool
+) -> None:
+    # Issue 25 defect 6: RocksDB reads the whole data block a lookup lands in; an absent id
+    # next to a 4 MiB entry read its block (~0.7 ms, 8,000 long-poll expiries: seconds).
+    big, small = os.urandom(4 << 20), b"s" * 100
+    e = RocksDBEngine(str(tmp_path), wal=wal)
+    e.put_entries(1, [(i, small) for i in range(10)])  # a batch
+    e.put_entries(1, [(10, big)])  # a batch of one big entry
+    e.put_entries(1, [(12, small)])  # 11 is a hole between batches
+    e.put_entries(2, [(0, small)])
+    e.put_entries(2, [(0, big)])  # a re-send: under an entry key
+    e.put_entries(2, [(2, small)])
+    e.close()
+    e = RocksDBEngine(str(tmp_path), wal=wal)  # from the SSTs, not the memtables
+    assert e.get_entry(1, 10) == big and e.get_entry(2, 0) == big
+    absent = [(1, 11), (1, 13), (1, 10**6), (2, 1), (2, 3)]
+    before = _bytes_read()
+    for _ in range(20):
+        assert all(e.get_entry(lid, eid) is None for lid, eid in absent)
+    assert _bytes_read() - before < 1 << 20  # was 20 x 5 x 4 MiB
+    assert e.get_entry(1, 12) == small and e.get_entry(2, 2) == small
+    e.close()
+
+
+def test_rocksdb_copies_batch_keys_of_an_older_dir_to_their_column_family(tmp_path: Path) -> None:
+    from rocksdict import Options, Rdict
+
+    e = RocksDBEngine(str(tmp_path))
+    e.put_entries(1, [(i, data(1, i, 50)) for i in range(5)])
+    e.put_entries(1, [(7, data(1, 7, 50)), (8, data(1, 8, 50))])
+    e.put_entries(3, [(0, data(3, 0, 50))])
+    e.close()
+    db = Rdict(  # as a dir written before BATCHES_CF existed
+        str(tmp_path),
+        Options(raw_mode=True),
+        column_families={cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF)},
+    )
+    db.drop_column_family(BATCHES_CF)
+    db.close()
+    del db
+    for _ in range(2):  # copied once, then found
+        e = RocksDBEngine(str(tmp_path))
+        assert [e.get_entry(1, i) for i in range(9)] == [
+            data(1, i, 50) if i in (0, 1, 2, 3, 4, 7, 8) else None for i in range(9)
+        ]
+        assert e.last_entry_id(1) == 8 and e.get_entry(3, 0) == data(3, 0, 50)
+        assert e.ledgers() == [1, 3] and e.list_entries(1, 3, 10) == [3, 4, 7, 8]
+        e.close()
 
 
 def test_last_entry_id(store: Store) -> None:
@@ -637,6 +699,8 @@ def _files_with_data(path: str) -> FilesEngine:
     e = FilesEngine(path, entry_log_bytes_max=64 << 10)
     for entry_id in range(100):
         e.put_entry(1, entry_id, data(1, entry_id, 2000))
+        if entry_id % 10 == 9:
+            e.sync()  # logs roll at a sync (a bookie's checkpoint), not in a put
     e.put_ledger(1, INFO)
     e.put_entry(1, 100, data(1, 100, 5000))  # the last record
     e.close()
@@ -741,6 +805,68 @@ def test_files_failed_fdatasync_poisons_the_engine(
         e.close()
     e = FilesEngine(str(tmp_path))  # close released the lock anyway
     assert e.get_entry(1, 0) == b"synced"
+    e.close()
+
+
+def test_files_puts_never_fdatasync_and_logs_roll_at_a_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 25 defect 12: the put that crossed entry_log_bytes_max fdatasynced the whole log
+    # (up to 256 MiB) on the caller's thread, the bookie's event loop.
+    synced: list[str] = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append("sync"), real(fd))[1])
+    e = FilesEngine(str(tmp_path), entry_log_bytes_max=64 << 10, write_buffer_bytes_max=8 << 10)
+    for entry_id in range(200):  # 400 KiB: six times the bound
+        e.put_entry(1, entry_id, data(1, entry_id, 2000))
+    assert synced == [] and len(_logs(str(tmp_path))) == 1
+    e.sync()  # the roll: the old log synced to its end, then the next one
+    assert len(_logs(str(tmp_path))) == 2 and synced
+    for entry_id in range(200, 240):
+        e.put_entry(1, entry_id, data(1, entry_id, 2000))
+        if entry_id % 10 == 9:
+            e.sync()
+    e.close()
+    e = FilesEngine(str(tmp_path))
+    assert [e.get_entry(1, i) for i in range(240)] == [data(1, i, 2000) for i in range(240)]
+    assert len(_logs(str(tmp_path))) == 3
+    e.close()
+
+
+def test_files_snapshot_is_serialized_outside_the_lock_and_stays_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Defect 12: the whole index was serialized under the lock every put needs. Now a put may
+    # run while a snapshot is written; it copies the chunk it changes, so the snapshot still
+    # describes exactly the log prefix it names.
+    import engines.files as files
+
+    e = FilesEngine(str(tmp_path), snapshot_interval_bytes=1)
+    for entry_id in range(3000):  # three chunks
+        e.put_entry(1, entry_id, b"v0")
+    locked: list[bool] = []
+    real = files._le_bytes
+
+    def serialize_chunk(slots):
+        locked.append(e._lock.locked())
+        if not locked[-1] and len(locked) == 1:
+            e.put_entry(1, 5, b"after the capture")  # a shared chunk: copied, not changed
+        return real(slots)
+
+    monkeypatch.setattr(files, "_le_bytes", serialize_chunk)
+    e.sync()
+    monkeypatch.undo()
+    assert locked and not any(locked)
+    assert e.get_entry(1, 5) == b"after the capture"
+    (snapshot,) = _snapshots(str(tmp_path))
+    body = snapshot.read_bytes()[16:]
+    _, _, pos, _, ledgers = msgpack.unpackb(body, raw=False)
+    ((_, _, last, chunks),) = ledgers
+    locations = [loc for _, raw in chunks for loc in struct.unpack(f"<{len(raw) // 8}q", raw)[::2]]
+    assert last == 2999 and all(0 <= loc & ((1 << 40) - 1) < pos for loc in locations if loc >= 0)
+    e.close()
+    e = FilesEngine(str(tmp_path))
+    assert e.get_entry(1, 5) == b"after the capture" and e.get_entry(1, 2999) == b"v0"
     e.close()
 
 

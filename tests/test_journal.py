@@ -266,3 +266,39 @@ async def test_close_writes_what_was_appended_before_it(tmp_path):
     with pytest.raises(JournalFailedError):
         j.append(REC_ENTRY, b"late", told.append)
     assert replayed(tmp_path) == records
+
+
+async def test_close_returns_only_after_the_thread_has_ended(tmp_path, monkeypatch):
+    # The thread's last act is telling the loop it ended; if it lingers after that, close()
+    # must still wait for it (and only then close the eventfd it wrote to).
+    told = Journal._tell_loop
+
+    def lingering(self, item):
+        told(self, item)
+        if item is None:
+            time.sleep(0.3)
+
+    monkeypatch.setattr(Journal, "_tell_loop", lingering)
+    j = Journal(tmp_path, config())
+    await j.start()
+    j.append(REC_ENTRY, b"x", lambda exc: None)
+    async with asyncio.timeout(10):
+        await j.close()
+    assert not j._thread.is_alive()
+
+
+async def test_a_callback_that_raises_does_not_strand_the_rest_of_its_batch(tmp_path, caplog):
+    j = Journal(tmp_path, config())
+    await j.start()
+    told: list[int] = []
+
+    def broken(exc):
+        raise RuntimeError("a broken callback")
+
+    j.append(REC_ENTRY, b"a", lambda exc: told.append(1))
+    j.append(REC_ENTRY, b"b", broken)
+    j.append(REC_ENTRY, b"c", lambda exc: told.append(3))
+    async with asyncio.timeout(10):
+        await j.close()
+    assert told == [1, 3]
+    assert "journal callback failed" in caplog.text

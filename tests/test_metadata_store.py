@@ -308,6 +308,40 @@ def test_memory_leases_run_on_the_loop_clock():
     assert seen == [(0, []), (0, ["a:1"]), (0, ["a:1", "b:1"]), (3607, ["a:1"]), (3660, [])]
 
 
+def test_a_keepalive_survives_any_error_and_keeps_the_bookie_registered(caplog):
+    """A refresh failing with something unexpected is logged and retried; the bookie stays
+    in the registry (the keepalive once ended silently on anything but unavailability)."""
+
+    async def scenario() -> tuple[int, int, list[str], bool]:
+        store = MemoryMetadataStore(config=MetadataConfig(), rng=random.Random(1))
+        registration = await store.register_bookie("a:1", "a:1", None, False)
+        refresh, failures = registration._refresh, 0
+
+        async def flaky() -> bool:
+            nonlocal failures
+            if failures < 3:
+                failures += 1
+                raise RuntimeError("a surprise")
+            return await refresh()
+
+        registration._refresh = flaky
+        await asyncio.sleep(60)
+        bookies = list(await store.list_bookies())
+        active = registration.active
+        await registration.unregister()
+        await store.close()
+        return registration.failures, registration.renewals, bookies, active
+
+    loop = VirtualTimeLoop()
+    try:
+        failures, renewals, bookies, active = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert failures == 3 and renewals >= 10 and active
+    assert bookies == ["a:1"]
+    assert "lease keepalive failed" in caplog.text and "a surprise" in caplog.text
+
+
 # --- etcd only ---------------------------------------------------------------------------
 
 

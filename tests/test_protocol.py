@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import tracemalloc
 
 import msgpack
 import pytest
@@ -47,15 +48,18 @@ from bookkeeper_aio.protocol import (
     as_part,
     check_add_entries,
     decode_all,
+    describe,
     encode,
     multi_add_parts,
     multi_add_results,
     pack_add_entries,
     pack_multi_add,
+    request_limits,
 )
 
 i64 = st.integers(-(2**63), 2**63 - 1)
 u64 = st.integers(0, 2**64 - 1)
+ids = st.integers(0, 2**63 - 1)  # requests name ledgers (and a read its entry) by ids >= 0
 small = st.integers(-1, 2**40)
 text = st.text(max_size=40)
 blob = st.binary(max_size=200)
@@ -64,11 +68,11 @@ ranges = st.lists(st.lists(small, min_size=2, max_size=2), max_size=5)
 
 MESSAGES = st.one_of(
     st.builds(HelloRequest, i64, i64, text),
-    st.builds(AddRequest, i64, i64, i64, i64, blob, i64, blob, u64),
-    st.builds(ReadRequest, i64, i64, i64, i64, st.none() | blob, i64, i64),
-    st.builds(ReadLacRequest, i64, i64, i64, st.none() | blob),
-    st.builds(WriteLacRequest, i64, i64, blob, i64, u64),
-    st.builds(ListEntriesRequest, i64, i64, i64, i64),
+    st.builds(AddRequest, i64, ids, i64, i64, blob, i64, blob, u64),
+    st.builds(ReadRequest, i64, ids, ids, i64, st.none() | blob, i64, i64),
+    st.builds(ReadLacRequest, i64, ids, i64, st.none() | blob),
+    st.builds(WriteLacRequest, i64, ids, blob, i64, u64),
+    st.builds(ListEntriesRequest, i64, ids, i64, i64),
     st.builds(BookieInfoRequest, i64),
     st.builds(HelloResponse, i64, i64, i64, text),
     st.builds(AddResponse, i64, i64, i64, i64),
@@ -80,12 +84,12 @@ MESSAGES = st.one_of(
     st.builds(ListEntriesResponse, i64, i64, i64, ranges, i64),
     st.builds(BookieInfoResponse, i64, i64, i64, i64, st.booleans(), text),
     st.builds(ErrorResponse, i64, i64, text),
-    st.builds(AddBatchRequest, i64, i64, i64, blob, blob),
+    st.builds(AddBatchRequest, i64, ids, i64, blob, blob),
     st.builds(AddBatchResponse, i64, i64, i64, st.lists(i64)),
 )
 ADDS = st.one_of(
-    st.builds(AddRequest, i64, i64, i64, i64, blob, i64, blob, u64),
-    st.builds(AddBatchRequest, i64, i64, i64, blob, blob),
+    st.builds(AddRequest, i64, ids, i64, i64, blob, i64, blob, u64),
+    st.builds(AddBatchRequest, i64, ids, i64, blob, blob),
 )
 ADD_ANSWERS = st.one_of(
     st.builds(AddResponse, i64, i64, i64, i64),
@@ -190,7 +194,9 @@ def frame(body: bytes) -> bytes:
         (msgpack.packb([7, 2**64 - 1]), -1),  # request id out of int64
         (msgpack.packb([2, 9, 1, 2, 0, b"k", -1, b"p", -5]), 9),  # negative uint64 digest
         (msgpack.packb([1, 9, 1, b"\xff"]), 9),  # bytes where str belongs
-        (msgpack.packb([7, 9, msgpack.ExtType(1, b"x")]), -1),  # ext types are refused
+        (msgpack.packb([7, 9, msgpack.ExtType(1, b"x")]), 9),  # ext types are refused
+        (msgpack.packb([3, 9, -7, 0, 1, None, -1, 0]), 9),  # a negative ledger id
+        (msgpack.packb([4, 9, 2**63, 1, None]), 9),  # a ledger id past int64
         (b"\x91\xd9\x02\xff\xfe", -1),  # non-UTF-8 str
     ],
 )
@@ -203,6 +209,56 @@ def test_garbage_bodies_become_bad_frames_with_the_request_id(body, request_id):
 def test_arbitrary_bodies_never_raise(body):
     for item in FrameDecoder(1 << 20).feed(frame(body)):
         assert isinstance(item, BadFrame) or hasattr(item, "OP")
+
+
+def nested(depth: int, leaf: bytes = b"\xc0") -> bytes:
+    return b"\x91" * depth + leaf
+
+
+@pytest.mark.parametrize("depth", [10, 1000, 1023, 1024, 5000])
+def test_deep_nesting_is_a_bad_frame_that_names_the_request(depth):
+    # [4, 9, <ledger id nested depth deep>, 0, nil]: a bookie answers it and keeps the
+    # connection (the error text once took repr() of the field: RecursionError).
+    body = b"\x95\x04\x09" + nested(depth) + b"\x00\xc0"
+    (bad,) = FrameDecoder(1 << 20, request_limits(1024)).feed(frame(body))
+    assert type(bad) is BadFrame and bad.request_id == 9 and len(bad.reason) < 200
+
+
+def test_describe_is_short_whatever_the_value():
+    deep: list = []
+    for _ in range(3000):
+        deep = [deep]
+    for value in (deep, b"x" * (5 << 20), "y" * 70_000, 2**70, 1.5, None, {"a": 1}):
+        assert len(describe(value)) < 80
+
+
+def frame_of_arrays(total_bytes: int, op: int, leaf: bytes, width: int = 1024) -> bytes:
+    """[op, 9, [[leaf * width] * n]]: a frame whose bytes are almost all tiny objects."""
+    inner = b"\xdc" + width.to_bytes(2, "big") + leaf * width
+    count = total_bytes // len(inner)
+    return b"\x93" + bytes([op]) + b"\x09\xdc" + count.to_bytes(2, "big") + inner * count
+
+
+@pytest.mark.parametrize("leaf", [b"\x90", b"\xa2ab", b"\x91\xc0", b"\xcd\x01\x02"])
+@pytest.mark.parametrize("op", [MultiAddRequest.OP, AddRequest.OP])
+def test_a_frame_of_tiny_objects_is_refused_within_its_object_budget(op, leaf):
+    # 4 MiB of empty arrays decoded whole would be ~360 MB of lists; the budget stops it.
+    body = frame_of_arrays(4 << 20, op, leaf)
+    decoder = FrameDecoder(5 << 20, request_limits(1024))
+    tracemalloc.start()
+    try:
+        (bad,) = decoder.feed(frame(body))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert type(bad) is BadFrame and bad.request_id == 9, bad
+    assert peak < 16 << 20, peak  # the frame itself is 4 MiB
+
+
+def test_a_multi_add_of_a_million_parts_is_refused_before_it_is_decoded():
+    body = b"\x93\x09\x09\xdd" + (1 << 20).to_bytes(4, "big") + b"\x91\x02" * (1 << 20)
+    (bad,) = FrameDecoder(5 << 20, request_limits(1024)).feed(frame(body))
+    assert type(bad) is BadFrame and bad.request_id == 9 and "max_array_len" in bad.reason
 
 
 def test_oversize_strings_are_refused():
@@ -274,3 +330,44 @@ def test_a_shared_frame_ending_in_bytes_of_any_size_is_the_plain_frame(size):
     shared = SharedFrame(AddBatchRequest, *msg[1:]).pieces(encoder.packer, 9)
     assert shared[-1] is msg.entries  # the entries are sent as they are, not copied
     assert b"".join(shared) == encoder.encode(msg)
+
+
+def test_a_small_multi_add_may_have_many_tiny_parts():
+    parts = [as_part(AddRequest(0, 5, i, 0, b"k", -1, b"", 0)) for i in range(200)]
+    body = encode(MultiAddRequest(3, parts))
+    assert len(body) < 4096
+    (msg,) = FrameDecoder(5 << 20, request_limits(1024)).feed(body)
+    assert type(msg) is MultiAddRequest and len(msg.parts) == 200
+
+
+big_blob = blob.map(lambda b: b + bytes(4100))
+BIG_ADDS = st.one_of(
+    st.builds(AddRequest, i64, ids, i64, i64, blob, i64, big_blob, u64),
+    st.builds(AddBatchRequest, i64, ids, i64, blob, big_blob),
+)
+BIG_REQUESTS = st.one_of(
+    BIG_ADDS,
+    st.builds(HelloRequest, i64, i64, text.map(lambda t: t + "x" * 4100)),
+    st.builds(MultiAddRequest, i64, st.lists(BIG_ADDS.map(as_part), min_size=1, max_size=3)),
+    st.builds(
+        lambda rid, n: MultiAddRequest(
+            rid, [as_part(AddRequest(0, 1, i, 0, b"k", 0, b"pp", i)) for i in range(n)]
+        ),
+        i64,
+        st.integers(300, 1024),
+    ),
+)
+
+
+@settings(max_examples=50)
+@given(BIG_REQUESTS)
+def test_big_requests_round_trip_under_a_bookies_limits(msg):
+    (decoded,) = FrameDecoder(5 << 20, request_limits(1024)).feed(encode(msg))
+    assert decoded == msg
+
+
+@settings(max_examples=50)
+@given(st.binary(max_size=5000).map(lambda b: b"\x93\x09\x01" + b + bytes(4100)))
+def test_arbitrary_big_bodies_never_raise_under_a_bookies_limits(body):
+    for item in FrameDecoder(1 << 20, request_limits(1024)).feed(frame(body)):
+        assert isinstance(item, BadFrame) or hasattr(item, "OP")

@@ -17,14 +17,25 @@ read-only (recovery adds pass), the end-to-end digest (BP-31), the master key, t
 (recovery adds pass). The order matches BookKeeper's ``BookieImpl.addEntry`` except that the
 digest comes first: a corrupt frame must not create a ledger as a side effect. A
 ``MultiAddRequest`` is its parts handled one after another exactly so, answered once the last
-part has its answer.
+part has its answer; at most ``multi_add_parts_max`` parts and ``request_entries_max`` entries
+in all (a frame's work is bounded, not just its bytes).
+
+Failures: any exception on a request path (an engine's, a bug's) becomes an error answer
+(IO_ERROR), never a dropped connection; a journal failure also stops the bookie (fail-stop).
+The ledger cache changes only after the engine took the change (a fence that failed to reach
+the engine is not remembered as fenced). Reads whose answer comes later (after a fence is
+durable, a long poll's) are answered through their peer's ``defer`` (long_poll.py), which a
+connection delays while its client does not read.
+
+The cache of ledger states holds at most ``ledger_cache_max`` of them: past it the least
+recently loaded one with no parked read and no fence being synced is dropped (the engine has
+everything needed to load it again).
 
 This handler keeps no per-request task: at 100k adds/s a task per add costs more than the add.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -46,6 +57,7 @@ from ..engine import Engine
 from ..errors import JournalFailedError, StatusCode
 from ..protocol import (
     ADD_FLAG_RECOVERY,
+    INT64_MAX,
     READ_FLAG_FENCE,
     READ_FLAG_LONG_POLL,
     AddBatchRequest,
@@ -81,6 +93,7 @@ from .journal import (
     Body,
 )
 from .ledger_state import LedgerState, LedgerView, pack_proof
+from .long_poll import LongPoll, Peer
 from .records import LEDGER_KEY, entries_record, entry_body, ledger_body, limbo_body
 
 log = logging.getLogger(__name__)
@@ -114,11 +127,12 @@ class RequestHandler:
         self.config = config
         self.read_only = config.force_read_only
         self.disk_space = (0, 0)  # (free, total) bytes, refreshed by the disk monitor
-        self.parked = 0
+        self.parked = 0  # long polls parked, in all
         self.counters: Counter[str] = Counter()
-        self._ledgers: dict[int, LedgerState] = {}
+        self._ledgers: dict[int, LedgerState] = {}  # oldest loaded first (evicted first)
         self._on_fatal = on_fatal
-        self._dispatch: dict[type, Callable[[Any, Reply], None]] = {
+        self._inline = Peer()  # the peer of a request handed in without one
+        self._dispatch: dict[type, Callable[[Any, Reply, Peer], None]] = {
             AddRequest: self._add,
             AddBatchRequest: self._add_batch,
             MultiAddRequest: self._multi_add,
@@ -131,19 +145,27 @@ class RequestHandler:
 
     # --- entry point --------------------------------------------------------------------
 
-    def handle(self, request: Message, reply: Reply) -> None:
-        """Process one request; ``reply`` is called exactly once (maybe later)."""
+    def handle(self, request: Message, reply: Reply, peer: Peer | None = None) -> None:
+        """Process one request; ``reply`` is called exactly once (maybe later). ``peer``: the
+        connection it came on (its long polls, when its later answers may be produced)."""
         handler = self._dispatch.get(type(request))
         assert handler is not None, f"not a bookie request: {type(request).__name__}"
         try:
-            handler(request, reply)
-        except (OSError, JournalFailedError) as exc:
-            # Engine or journal failure: answer with an I/O error; never crash the server.
-            self.counters["io_errors"] += 1
+            handler(request, reply, peer or self._inline)
+        except Exception as exc:  # every path answers last: nothing was answered yet
+            self._failed(request, reply, exc)
+
+    def _failed(self, request: Message, reply: Reply, exc: Exception) -> None:
+        """An engine, journal or programming failure on a request: answer IO_ERROR (never
+        crash the connection); a journal failure also stops the bookie."""
+        self.counters["io_errors"] += 1
+        if isinstance(exc, OSError | JournalFailedError):
             log.error("I/O error handling %s: %s", type(request).__name__, exc)
-            reply(error_response(request, StatusCode.IO_ERROR))
-            if isinstance(exc, JournalFailedError) and self._on_fatal is not None:
-                self._on_fatal(exc)
+        else:
+            log.exception("failure handling %s", type(request).__name__)
+        reply(error_response(request, StatusCode.IO_ERROR))
+        if isinstance(exc, JournalFailedError) and self._on_fatal is not None:
+            self._on_fatal(exc)
 
     def statistics(self) -> dict[str, int | bool]:
         """Counters, cached ledgers, parked long polls, read-only state."""
@@ -166,14 +188,28 @@ class RequestHandler:
             last = self.engine.last_entry_id(ledger_id)
             record = self.engine.get_entry(ledger_id, last) if last >= 0 else None
             state = LedgerState.load(ledger_id, info, (last, record) if record else None)
-            self._ledgers[ledger_id] = state
+            self._remember(state)
         return state
 
     def _new_ledger(self, ledger_id: int, master_key: bytes, view: LedgerView) -> LedgerState:
         state = LedgerState(ledger_id, master_key, view)
-        self._ledgers[ledger_id] = state
-        self.engine.put_ledger(ledger_id, state.info())
+        self.engine.put_ledger(ledger_id, state.info())  # first: a failure leaves no trace
+        self._remember(state)
         return state
+
+    def _remember(self, state: LedgerState) -> None:
+        """Cache ``state``; past ``ledger_cache_max`` drop the oldest one that is evictable
+        (a busy one goes to the back, so a scan is amortized over the insertions)."""
+        ledgers = self._ledgers
+        ledgers[state.ledger_id] = state
+        for _ in range(len(ledgers) - self.config.ledger_cache_max):
+            for _ in range(len(ledgers)):
+                ledger_id = next(iter(ledgers))
+                old = ledgers.pop(ledger_id)
+                if old.evictable and old is not state:
+                    self.counters["ledgers_evicted"] += 1
+                    break
+                ledgers[ledger_id] = old
 
     def limbo_ledgers(self) -> list[tuple[int, bytes]]:
         """(ledger id, master key) of every ledger in limbo (the key may be ``UNKNOWN_KEY``)."""
@@ -204,8 +240,8 @@ class RequestHandler:
         data was lost has no key yet (``UNKNOWN_KEY``): the first client that proves one (a
         fence, a recovery add) teaches it, as BookKeeper's empty-key limbo records do."""
         if state.master_key == UNKNOWN_KEY and key is not None and len(key) == MASTER_KEY_BYTES:
+            self.engine.put_ledger(state.ledger_id, state.info(master_key=key))
             state.master_key = key
-            self.engine.put_ledger(state.ledger_id, state.info())
         return key == state.master_key
 
     def set_limbo(self, ledger_id: int, master_key: bytes, limbo: bool, done: Callable) -> None:
@@ -215,9 +251,8 @@ class RequestHandler:
         have lost entries."""
         state = self.ledger(ledger_id) or self._new_ledger(ledger_id, master_key, LedgerView.LIMBO)
         target = LedgerView.LIMBO if limbo else LedgerView.FENCED
-        if state.view is not target:
-            state.move_to(target)
-        self.engine.put_ledger(ledger_id, state.info())
+        self.engine.put_ledger(ledger_id, state.info(target))
+        state.move_to(target)
         state.wake_waiters()
         self.journal.append(REC_LIMBO, limbo_body(ledger_id, state.master_key, limbo), done)
 
@@ -230,7 +265,7 @@ class RequestHandler:
 
     # --- add ------------------------------------------------------------------------------
 
-    def _add(self, req: AddRequest, reply: Reply) -> None:
+    def _add(self, req: AddRequest, reply: Reply, peer: Peer) -> None:
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
         pdigest = payload_digest(req.payload)
         record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
@@ -246,20 +281,23 @@ class RequestHandler:
 
         self.journal.append(*entries_record(lid, journaled), durable)
 
-    def _add_batch(self, req: AddBatchRequest, reply: Reply) -> None:
+    def _add_batch(
+        self, req: AddBatchRequest, reply: Reply, peer: Peer, entries_max: int = 0
+    ) -> int:
         """Each entry as :meth:`_add` would; one journal record for the stored ones and one
-        answer once it is durable."""
+        answer once it is durable. Returns how many entries it carried (0 if refused)."""
         rid, lid = req.request_id, req.ledger_id
         try:
-            entries = check_add_entries(lid, req.entries)
+            entries_max = entries_max or self.config.request_entries_max
+            entries = check_add_entries(lid, req.entries, entries_max=entries_max)
         except ValueError as exc:
             self.counters["add_bad_request"] += 1
             reply(ErrorResponse(rid, StatusCode.BAD_REQUEST, f"AddBatchRequest: {exc}"))
-            return
+            return 0
         statuses, journaled = self._store(lid, req.flags, req.master_key, entries, req.entries)
         if not journaled:
             reply(AddBatchResponse(rid, _first_failure(statuses), lid, statuses))
-            return
+            return len(entries)
 
         def durable(exc: BaseException | None) -> None:
             final = statuses
@@ -271,12 +309,20 @@ class RequestHandler:
             self.journal.append(REC_ENTRIES, (LEDGER_KEY.pack(lid), req.entries), durable)
         else:
             self.journal.append(*entries_record(lid, journaled), durable)
+        return len(entries)
 
-    def _multi_add(self, req: MultiAddRequest, reply: Reply) -> None:
-        """Each part as if it had come alone; one answer once every part has its own."""
+    def _multi_add(self, req: MultiAddRequest, reply: Reply, peer: Peer) -> None:
+        """Each part as if it had come alone; one answer once every part has its own. At most
+        ``multi_add_parts_max`` parts (else refused whole) and ``request_entries_max`` entries
+        in all (the parts past it are refused)."""
+        if len(req.parts) > self.config.multi_add_parts_max:
+            self.counters["add_bad_request"] += 1
+            reply(MultiAddResponse(req.request_id, StatusCode.BAD_REQUEST, []))
+            return
         parts = multi_add_parts(req)
         results: list[list[Any]] = [[] for _ in parts]
         left = len(parts)
+        entries_left = self.config.request_entries_max
 
         def answered(index: int, response: Message) -> None:
             nonlocal left
@@ -289,11 +335,22 @@ class RequestHandler:
             reply(MultiAddResponse(req.request_id, OK, results))
             return
         for index, part in enumerate(parts):
-            if type(part) is BadFrame:
+            reason = part.reason if type(part) is BadFrame else None
+            if reason is None and entries_left <= 0:
+                reason = f"more than request_entries_max {self.config.request_entries_max} entries"
+            if reason is not None:
                 self.counters["add_bad_request"] += 1
-                answered(index, ErrorResponse(req.request_id, StatusCode.BAD_REQUEST, part.reason))
-            else:
-                self.handle(part, partial(answered, index))
+                answered(index, ErrorResponse(req.request_id, StatusCode.BAD_REQUEST, reason))
+                continue
+            done = partial(answered, index)
+            try:
+                if type(part) is AddBatchRequest:
+                    entries_left -= self._add_batch(part, done, peer, entries_left) or 1
+                else:
+                    entries_left -= 1
+                    self._add(part, done, peer)  # type: ignore[arg-type]
+            except Exception as exc:
+                self._failed(part, done, exc)  # type: ignore[arg-type]
 
     def _store(
         self,
@@ -317,7 +374,7 @@ class RequestHandler:
         the ledger's state.
         """
         recovery = flags & ADD_FLAG_RECOVERY
-        if lid < 0 or len(key) != MASTER_KEY_BYTES:
+        if len(key) != MASTER_KEY_BYTES:  # ids: the codec refuses a ledger id < 0
             return self._refused([StatusCode.BAD_REQUEST] * len(entries)), []
         refuse_all = StatusCode.READ_ONLY if self.read_only and not recovery else None
         statuses: list[StatusCode] = []
@@ -380,8 +437,8 @@ class RequestHandler:
             then(StatusCode.UNAUTHORIZED)
             return
         elif not state.fenced:
+            self.engine.put_ledger(ledger_id, state.info(LedgerView.FENCED))
             state.move_to(LedgerView.FENCED)
-            self.engine.put_ledger(ledger_id, state.info())
             state.fence_durable = False
             state.wake_waiters()  # tailing readers learn at once that the writer is gone
         self.counters["fences"] += 1
@@ -399,20 +456,20 @@ class RequestHandler:
 
     # --- reads ----------------------------------------------------------------------------
 
-    def _read(self, req: ReadRequest, reply: Reply) -> None:
+    def _read(self, req: ReadRequest, reply: Reply, peer: Peer) -> None:
         self.counters["reads"] += 1
         if req.flags & READ_FLAG_FENCE:
 
             def fenced(status: int) -> None:
-                if status == OK:
-                    self._read_entry(req, reply)
+                if status == OK:  # maybe later (the fence's sync): when the peer can take it
+                    peer.defer(partial(self._read_entry, req, reply))
                 else:
                     reply(ReadResponse(req.request_id, status, req.ledger_id, req.entry_id,
                                        None, None, None, None))  # fmt: skip
 
             self._fence(req.ledger_id, req.master_key, fenced)
         elif req.flags & READ_FLAG_LONG_POLL:
-            self._long_poll(req, reply)
+            self._long_poll(req, reply, peer)
         else:
             self._read_entry(req, reply)
 
@@ -427,12 +484,13 @@ class RequestHandler:
             return
         try:  # also runs from callbacks (fence durable, long-poll wake-up): catch here
             record = self.engine.get_entry(lid, eid)
-        except OSError as exc:
+            entry = unpack_entry_record(record) if record is not None else None
+        except Exception as exc:
             self.counters["io_errors"] += 1
-            log.error("I/O error reading entry %d of ledger %d: %s", eid, lid, exc)
+            log.error("error reading entry %d of ledger %d: %r", eid, lid, exc)
             reply(ReadResponse(rid, StatusCode.IO_ERROR, lid, eid, None, None, None, None))
             return
-        if record is None:
+        if entry is None:
             if missing_ok:
                 status = OK
             elif state.view is LedgerView.LIMBO:
@@ -441,47 +499,38 @@ class RequestHandler:
                 status = StatusCode.NO_SUCH_ENTRY
             reply(ReadResponse(rid, status, lid, eid, None, None, None, state.lac_proof))
             return
-        lac, _pdigest, digest, payload = unpack_entry_record(record)
+        lac, _pdigest, digest, payload = entry
         reply(ReadResponse(rid, OK, lid, eid, lac, payload, digest, state.lac_proof))
 
-    def _long_poll(self, req: ReadRequest, reply: Reply) -> None:
-        """Answer once the LAC passes ``previous_lac``, the ledger is fenced, or time is up."""
+    def _long_poll(self, req: ReadRequest, reply: Reply, peer: Peer) -> None:
+        """Answer once the LAC passes ``previous_lac``, the ledger is fenced, or time is up
+        (long_poll.py)."""
         state = self.ledger(req.ledger_id)
-        if state is None or state.lac > req.previous_lac or state.fenced:
+        if state is None or LongPoll.ready(state, req.previous_lac):
             self._read_entry(req, reply, missing_ok=state is not None)
             return
-        if self.parked >= self.config.long_poll_parked_max:
+        if (
+            self.parked >= self.config.long_poll_parked_max
+            or len(peer.long_polls) >= self.config.connection_long_polls_max
+        ):
             self.counters["long_polls_refused"] += 1
             reply(ReadResponse(req.request_id, StatusCode.TOO_MANY_REQUESTS, req.ledger_id,
                                req.entry_id, None, None, None, None))  # fmt: skip
             return
         timeout_ms = max(0, min(req.timeout_ms, self.config.long_poll_timeout_ms_max))
-        self.parked += 1
-        loop = asyncio.get_running_loop()
+        answer = partial(self._read_entry, req, reply, missing_ok=True)
+        LongPoll(self, state, req.previous_lac, timeout_ms / 1000, answer, peer)
 
-        def finish() -> None:
-            self.parked -= 1
-            timer.cancel()
-            self._read_entry(req, reply, missing_ok=True)
-
-        def wake() -> None:
-            if state.lac > req.previous_lac or state.fenced or state.view is LedgerView.DELETED:
-                finish()
-            else:
-                state.waiters.append(wake)
-
-        def expire() -> None:
-            if wake in state.waiters:
-                state.waiters.remove(wake)
-                finish()
-
-        timer = loop.call_later(timeout_ms / 1000, expire)
-        state.waiters.append(wake)
-
-    def _read_lac(self, req: ReadLacRequest, reply: Reply) -> None:
+    def _read_lac(self, req: ReadLacRequest, reply: Reply, peer: Peer) -> None:
         rid, lid = req.request_id, req.ledger_id
 
         def answer(status: int) -> None:
+            try:  # also runs from the fence's journal callback: answer whatever happens
+                respond(status)
+            except Exception as exc:
+                self._failed(req, reply, exc)
+
+        def respond(status: int) -> None:
             state = self.ledger(lid) if status == OK else None
             if state is None:
                 status = status if status != OK else StatusCode.NO_SUCH_LEDGER
@@ -502,7 +551,7 @@ class RequestHandler:
 
     # --- explicit LAC ---------------------------------------------------------------------
 
-    def _write_lac(self, req: WriteLacRequest, reply: Reply) -> None:
+    def _write_lac(self, req: WriteLacRequest, reply: Reply, peer: Peer) -> None:
         rid, lid = req.request_id, req.ledger_id
         state = self.ledger(lid)
         if state is None:
@@ -516,8 +565,8 @@ class RequestHandler:
             return
         proof = LacProof(LAC_RECORD_ENTRY_ID, req.lac, 0, req.digest)
         if state.explicit_lac is None or proof.lac > state.explicit_lac.lac:
+            self.engine.put_ledger(lid, state.info(explicit_lac=proof))
             state.explicit_lac = proof
-            self.engine.put_ledger(lid, state.info())
         if state.offer_lac(proof):
             state.wake_waiters()
 
@@ -529,7 +578,7 @@ class RequestHandler:
 
     # --- audits and info ------------------------------------------------------------------
 
-    def _list_entries(self, req: ListEntriesRequest, reply: Reply) -> None:
+    def _list_entries(self, req: ListEntriesRequest, reply: Reply, peer: Peer) -> None:
         rid, lid = req.request_id, req.ledger_id
         if req.max_count <= 0 or req.start_entry_id < 0:
             reply(ListEntriesResponse(rid, StatusCode.BAD_REQUEST, lid, [], -1))
@@ -540,10 +589,10 @@ class RequestHandler:
             return
         count = min(req.max_count, self.config.list_entries_max)
         ids = self.engine.list_entries(lid, req.start_entry_id, count)
-        next_id = ids[-1] + 1 if len(ids) == count else -1
+        next_id = ids[-1] + 1 if len(ids) == count and ids[-1] < INT64_MAX else -1
         reply(ListEntriesResponse(rid, OK, lid, to_ranges(ids), next_id))
 
-    def _bookie_info(self, req: BookieInfoRequest, reply: Reply) -> None:
+    def _bookie_info(self, req: BookieInfoRequest, reply: Reply, peer: Peer) -> None:
         free, total = self.disk_space
         reply(BookieInfoResponse(req.request_id, OK, free, total, self.read_only,
                                  self.config.bookie_id))  # fmt: skip

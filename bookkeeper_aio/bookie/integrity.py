@@ -137,6 +137,10 @@ class DataIntegrity:
                 self.counters["check_failures"] += 1
                 log.warning("bookie %s: integrity check failed (retrying): %s",
                             self.bookie_id, exc)  # fmt: skip
+            except Exception:  # unexpected: logged in full, and still retried
+                passed = False
+                self.counters["check_failures"] += 1
+                log.exception("bookie %s: integrity check failed (retrying)", self.bookie_id)
             if interval_s <= 0 and passed and not self.handler.limbo_ledgers():
                 log.info("bookie %s: integrity check done", self.bookie_id)
                 return

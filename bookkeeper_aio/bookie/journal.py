@@ -131,6 +131,7 @@ class Journal:
         self._pressure = False
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Future[None] | None = None  # set when the thread has ended
+        self._closer: asyncio.Task[None] | None = None  # close(): stop, join, close fds
         self._closing = False
         self._failed: BaseException | None = None
         self._checkpoint_lock = asyncio.Lock()
@@ -206,14 +207,25 @@ class Journal:
         self._thread.start()
 
     async def close(self) -> None:
-        """Make everything appended durable (callbacks run), then stop the thread."""
+        """Make everything appended durable (callbacks run), then stop the thread; returns
+        once the thread has ended and the journal's descriptors are closed."""
         if self._thread is None:
             return
+        if self._closer is None:  # a second close waits for the first
+            self._closer = asyncio.get_running_loop().create_task(self._close())
+        await asyncio.shield(self._closer)
+
+    async def _close(self) -> None:
         if not self._closing:
             self._closing = True
             self._put(_STOP)
-        assert self._stopped is not None
-        await asyncio.shield(self._stopped)  # after the completions of the records before it
+        assert self._stopped is not None and self._thread is not None
+        await self._stopped  # after the completions of the records before it
+        # The thread's last act is the eventfd write that said so: join it before the
+        # descriptors close (a closed fd's number may be reused by any other file).
+        await asyncio.to_thread(self._thread.join)
+        os.close(self._wake_fd)
+        os.close(self._records_fd)
 
     @property
     def failed(self) -> BaseException | None:
@@ -349,8 +361,6 @@ class Journal:
             item = written.popleft()
             if item is None:
                 loop.remove_reader(self._wake_fd)
-                os.close(self._wake_fd)
-                os.close(self._records_fd)
                 _settle(self._stopped)
                 return
             self._durable(*item)
@@ -371,7 +381,10 @@ class Journal:
                 if self._on_failure is not None:
                     self._on_failure(error)
         for *_, callback in batch:
-            callback(error)
+            try:
+                callback(error)
+            except Exception:  # one broken callback must not strand the batch's other answers
+                log.exception("journal callback failed")
 
     # --- file operations (the journal's thread) -------------------------------------------
 

@@ -23,12 +23,15 @@ is the truth after a restart; this cache is rebuilt from it lazily.
 from __future__ import annotations
 
 import enum
+import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..digest import ENTRY_RECORD_HEADER, NO_ENTRY, LacProof
 from ..engine import LedgerInfo
+
+log = logging.getLogger(__name__)
 
 
 class LedgerView(enum.Enum):
@@ -109,7 +112,8 @@ class LedgerState:
     lac_proof: LacProof | None = None
     explicit_lac: LacProof | None = None
     fence_durable: bool = True  # False while a fence's journal record is not yet synced
-    waiters: list[Waiter] = field(default_factory=list)  # long polls parked on the LAC
+    # Long polls parked on the LAC, each keyed by itself (removed in O(1) when it expires).
+    waiters: dict[object, Waiter] = field(default_factory=dict)
 
     @property
     def fenced(self) -> bool:
@@ -132,14 +136,29 @@ class LedgerState:
         self.lac_proof = proof
         return True
 
-    def info(self) -> LedgerInfo:
-        """The persistent part of this state, as the engine stores it."""
+    def info(
+        self,
+        view: LedgerView | None = None,
+        *,
+        master_key: bytes | None = None,
+        explicit_lac: LacProof | None = None,
+    ) -> LedgerInfo:
+        """The persistent part of this state, as the engine stores it; the arguments give it
+        as it will be after a change (the engine stores it before the cache changes)."""
+        view = self.view if view is None else transition(self.view, view)
+        explicit_lac = explicit_lac or self.explicit_lac
         return LedgerInfo(
-            master_key=self.master_key,
-            fenced=self.fenced,
-            limbo=self.view is LedgerView.LIMBO,
-            explicit_lac=pack_proof(self.explicit_lac) if self.explicit_lac else b"",
+            master_key=self.master_key if master_key is None else master_key,
+            fenced=view is LedgerView.FENCED or view is LedgerView.LIMBO,
+            limbo=view is LedgerView.LIMBO,
+            explicit_lac=pack_proof(explicit_lac) if explicit_lac else b"",
         )
+
+    @property
+    def evictable(self) -> bool:
+        """Nothing but the engine is needed to rebuild it: no parked reads, no fence record
+        still being synced."""
+        return not self.waiters and self.fence_durable
 
     @classmethod
     def load(cls, ledger_id: int, info: LedgerInfo, last_record: tuple[int, bytes] | None):
@@ -153,7 +172,11 @@ class LedgerState:
         return state
 
     def wake_waiters(self) -> None:
-        """Run (and forget) every parked long poll; each re-checks the LAC itself."""
-        waiters, self.waiters = self.waiters, []
-        for wake in waiters:
-            wake()
+        """Run (and forget) every parked long poll; each re-checks the LAC itself. One that
+        raises is logged; the others still run (none is stranded)."""
+        waiters, self.waiters = self.waiters, {}
+        for wake in waiters.values():
+            try:
+                wake()
+            except Exception:
+                log.exception("ledger %d: a parked read failed to wake", self.ledger_id)

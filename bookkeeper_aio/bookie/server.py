@@ -16,7 +16,9 @@ Shutdown (SIGTERM/SIGINT in ``__main__``, or :meth:`Bookie.stop`): stop acceptin
 checkpoint (the engine holds everything), drain the journal so every pending reply goes out,
 close connections, close the engine. A journal failure is fail-stop: the bookie answers
 IO_ERROR, stops, and ``__main__`` exits non-zero, because a bookie that cannot make entries
-durable must not acknowledge anything.
+durable must not acknowledge anything. So does a background loop that ends with an error (its
+loops log and retry what they expect; anything else is a bug, and the bookie is no longer
+what it says) and a shutdown that does not finish within ``shutdown_timeout_s``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import contextlib
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from ..config import BookieConfig, MetadataConfig
@@ -144,8 +146,8 @@ class Bookie:
                 cookies.incarnation if cookies is not None else "",
             )  # fmt: skip
         self._tasks = [
-            asyncio.create_task(self._checkpoint_loop(), name="bookie-checkpoint"),
-            asyncio.create_task(self._disk_loop(), name="bookie-disk-monitor"),
+            self._background(self._checkpoint_loop(), "bookie-checkpoint"),
+            self._background(self._disk_loop(), "bookie-disk-monitor"),
         ]
         if cfg.autorecovery and self.metadata is not None:
             from ..autorecovery.service import in_bookie  # an optional part of the bookie
@@ -156,9 +158,7 @@ class Bookie:
         if self.integrity is not None:
             # With the journal, only a repair (wiped dir, limbo left over) needs checking: once.
             interval = 0.0 if cfg.journal_write_data else cfg.data_integrity_check_interval_s
-            self._tasks.append(
-                asyncio.create_task(self.integrity.run(interval), name="bookie-integrity")
-            )
+            self._tasks.append(self._background(self.integrity.run(interval), "bookie-integrity"))
         log.info(
             "bookie %s serving on %s (engine %s, %d journal records replayed)",
             cfg.bookie_id, cfg.listen, cfg.engine, replayed,
@@ -209,6 +209,19 @@ class Bookie:
 
     # --- background loops -----------------------------------------------------------------
 
+    def _background(self, loop: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Start an owned background loop; its failure is the bookie's (never lost)."""
+        task = asyncio.create_task(loop, name=name)
+        task.add_done_callback(self._loop_ended)
+        return task
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.critical("background loop %s failed", task.get_name(), exc_info=exc)
+        self._fatal(exc)  # type: ignore[arg-type]
+
     async def _checkpoint_loop(self) -> None:
         assert self._journal is not None
         while True:
@@ -227,6 +240,8 @@ class Bookie:
                 await self._check_disks()
             except OSError as exc:
                 log.error("disk check failed: %s", exc)
+            except Exception:  # e.g. the registry refused the read-only update: try again
+                log.exception("disk check failed")
 
     async def _check_disks(self) -> None:
         cfg, handler = self.config, self.handler
@@ -339,9 +354,16 @@ class Bookie:
         for task in self._tasks:
             if task is not current:
                 task.cancel()
+        # A loop's own failure was reported when it ended (_loop_ended); these are cancellations.
         await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
-        async with asyncio.timeout(self.config.shutdown_timeout_s):
-            await self._shutdown_storage()
+        try:
+            async with asyncio.timeout(self.config.shutdown_timeout_s):
+                await self._shutdown_storage()
+        except TimeoutError:
+            error = TimeoutError(f"shutdown took longer than {self.config.shutdown_timeout_s} s")
+            log.critical("bookie %s: %s; stopping anyway", self.config.bookie_id, error)
+            if self.failure is None:
+                self.failure = error  # not a clean shutdown: exit status 1
         for conn in list(self.connections):
             conn.close()
         await self._server.wait_closed()

@@ -25,6 +25,13 @@ caller wait for room. When the transport's buffer is full (the bookie reads slow
 
 A lost connection fails every pending request with :class:`BookieUnavailableError`: the outcome
 of those requests is unknown, never negative.
+
+An answer the client cannot understand — a frame that does not decode, a response of another
+type than its request's, a status no bookie sends, an error saying OK, a batch's status list
+of unknown codes — fails its request *and the connection* with :class:`ProtocolError`: a
+bookie that says nonsense once is not trusted with the other requests either (they fail as
+unknown, like a lost connection). An answer with a request id nothing waits for is ignored
+(late answers are normal); if it was meant for a waiting request, that request times out.
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ from typing import Any
 
 from ..config import ClientConfig
 from ..errors import (
+    KNOWN_STATUSES,
     BookieUnavailableError,
+    BookKeeperError,
     ClientClosedError,
     FrameTooLargeError,
     OperationTimeoutError,
@@ -54,6 +63,9 @@ from ..protocol import (
     PROTOCOL_VERSION,
     READ_FLAG_FENCE,
     READ_FLAG_LONG_POLL,
+    RESPONSE_BIT,
+    RESPONSE_LIMITS,
+    AddBatchResponse,
     AddRequest,
     AddResponse,
     BadFrame,
@@ -65,6 +77,7 @@ from ..protocol import (
     HelloRequest,
     ListEntriesRequest,
     ListEntriesResponse,
+    MultiAddRequest,
     MultiAddResponse,
     ReadLacRequest,
     ReadLacResponse,
@@ -76,6 +89,7 @@ from ..protocol import (
     multi_add_results,
     pack_multi_add,
 )
+from ..retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +107,13 @@ class BookieClient(asyncio.Protocol):
         self.config = config
         self.bookie_id = address
         self._loop = asyncio.get_running_loop()
-        self._decoder = FrameDecoder(config.frame_bytes_max)
+        self._decoder = FrameDecoder(config.frame_bytes_max, RESPONSE_LIMITS)
         self._encoder = FrameEncoder()
         self._transport: asyncio.Transport | None = None
-        # request id -> (deliver(response or exception), deadline). Callbacks, not futures:
-        # a future costs an allocation plus a call_soon hop per response (profiled: about a
-        # fifth of the client's CPU per add).
-        self._pending: dict[int, tuple[Callable[[Any], None], float, int]] = {}
+        # request id -> (deliver(response or exception), deadline, bytes, the request's op).
+        # Callbacks, not futures: a future costs an allocation plus a call_soon hop per
+        # response (profiled: about a fifth of the client's CPU per add).
+        self._pending: dict[int, tuple[Callable[[Any], None], float, int, int]] = {}
         self.backlog_bytes = 0  # bytes of the requests queued or sent and not yet answered
         self.on_drain: Callable[[], None] | None = None  # called when backlog_bytes fell
         self._next_id = 1
@@ -116,7 +130,7 @@ class BookieClient(asyncio.Protocol):
         self._sweeper: asyncio.TimerHandle | None = None
         self.lost = asyncio.Event()
         self.stats = {"requests": 0, "responses": 0, "timeouts": 0, "late_responses": 0,
-                      "multi_adds": 0}  # fmt: skip
+                      "multi_adds": 0, "bad_answers": 0}  # fmt: skip
 
     # --- connect --------------------------------------------------------------------------
 
@@ -135,9 +149,11 @@ class BookieClient(asyncio.Protocol):
                 assert isinstance(protocol, BookieClient)
                 client = protocol
                 hello = await client.request(HelloRequest, PROTOCOL_VERSION, config.client_name)
-        except (OSError, TimeoutError, BookieUnavailableError) as exc:
+        except (OSError, TimeoutError, BookKeeperError) as exc:
             if client is not None:
                 client.abort(BookieUnavailableError("handshake failed"))
+            if isinstance(exc, ProtocolVersionError):
+                raise
             what = "timed out" if isinstance(exc, TimeoutError) else str(exc)
             raise BookieUnavailableError(f"cannot connect to bookie {address}: {what}") from exc
         if hello.status != StatusCode.OK or hello.protocol_version != PROTOCOL_VERSION:
@@ -165,8 +181,8 @@ class BookieClient(asyncio.Protocol):
         pending = self._pending
         for msg in messages:
             if type(msg) is BadFrame:
-                log.warning("bookie %s sent a bad frame: %s", self.address, msg.reason)
-                continue
+                self._nonsense(pending.pop(msg.request_id, None), f"a bad frame: {msg.reason}")
+                return
             entry = pending.pop(msg.request_id, None)
             if entry is None:
                 self.stats["late_responses"] += 1
@@ -174,13 +190,34 @@ class BookieClient(asyncio.Protocol):
             self.stats["responses"] += 1
             self.backlog_bytes -= entry[2]
             if type(msg) is ErrorResponse:
-                _deliver(entry[0], error_for_status(msg.status, f"{self.address}: {msg.message}"))
+                error = error_for_status(msg.status, f"{self.address}: {msg.message}")
+                if isinstance(error, ProtocolError):
+                    self._nonsense(entry, str(error))
+                    return
+                _deliver(entry[0], error)
+            elif entry[3] | RESPONSE_BIT != msg.OP or msg.status not in KNOWN_STATUSES or (
+                type(msg) is AddBatchResponse and not KNOWN_STATUSES.issuperset(msg.statuses)
+            ):  # fmt: skip
+                self._nonsense(entry, f"{type(msg).__name__} with status {msg.status} to op "
+                                      f"{entry[3]}")  # fmt: skip
+                return
             else:
                 _deliver(entry[0], msg)
         if not self._capacity.is_set() and len(pending) < self.config.bookie_requests_in_flight_max:
             self._capacity.set()
         if self.on_drain is not None:
             self.on_drain()
+
+    def _nonsense(self, entry: tuple[Callable[[Any], None], float, int, int] | None,
+                  what: str) -> None:  # fmt: skip
+        """The bookie answered something we cannot understand: fail that request (if we know
+        it) and the connection, with a clear error."""
+        error = ProtocolError(f"bookie {self.address} sent {what}")
+        log.warning("%s; closing the connection", error)
+        self.stats["bad_answers"] += 1
+        if entry is not None:
+            _deliver(entry[0], error)
+        self.abort(error)
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"connection to bookie {self.address} lost" + (f": {exc}" if exc else "")
@@ -227,7 +264,7 @@ class BookieClient(asyncio.Protocol):
         """
         self._check_room()
         frame = self._encoder.encode(msg_type(self._next_id, *fields))
-        self._register(callback, timeout_s, len(frame))
+        self._register(callback, timeout_s, len(frame), msg_type.OP)
         self._out.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -258,7 +295,7 @@ class BookieClient(asyncio.Protocol):
             self.backlog_bytes += frame.part_size  # a writer's backpressure counts it now
             return
         pieces = frame.pieces(self._encoder.packer, self._next_id)
-        self._register(callback, timeout_s, sum(map(len, pieces)))
+        self._register(callback, timeout_s, sum(map(len, pieces)), frame.op)
         self._out += pieces
         if not self._flush_scheduled:
             self._flush()
@@ -274,12 +311,36 @@ class BookieClient(asyncio.Protocol):
         if len(parts) == 1:
             frame, callback = parts[0]
             pieces = list(frame.pieces(packer, self._next_id))
+            op = frame.op
         else:
             pieces = pack_multi_add(packer, self._next_id, [frame for frame, _ in parts])
-            callback = partial(_answer_parts, [callback for _, callback in parts], self.address)
+            callback = partial(self._answer_parts, [(f.op, callback) for f, callback in parts])
+            op = MultiAddRequest.OP
             self.stats["multi_adds"] += 1
-        self._register(callback, None, sum(map(len, pieces)))
+        self._register(callback, None, sum(map(len, pieces)), op)
         self._out += pieces
+
+    def _answer_parts(self, parts: list[tuple[int, Callable[[Any], None]]], result: Any) -> None:
+        """Give each part of a MultiAddRequest (its op, whom to tell) its own answer (the
+        response it would have had alone), or the whole request's fate: an exception, or a
+        response refusing it all. A part answered with nonsense fails like a bad answer."""
+        if type(result) is MultiAddResponse:
+            if len(result.results) != len(parts) and result.status == StatusCode.OK:
+                result = ProtocolError(
+                    f"bookie {self.address} answered {len(result.results)} of {len(parts)} parts"
+                )
+            elif len(result.results) == len(parts):
+                answers = [_part_answer(op, response, self.address)
+                           for (op, _), response in zip(parts, multi_add_results(result),
+                                                        strict=True)]  # fmt: skip
+                for (_, callback), answer in zip(parts, answers, strict=True):
+                    _deliver(callback, answer)
+                bad = next((a for a in answers if isinstance(a, ProtocolError)), None)
+                if bad is not None:
+                    self.abort(bad)
+                return
+        for _, callback in parts:
+            _deliver(callback, result)
 
     def _check_room(self) -> None:
         if self._closed is not None:
@@ -289,13 +350,13 @@ class BookieClient(asyncio.Protocol):
             raise TooManyRequestsError(f"{len(self._pending)} requests pending on {self.address}")
 
     def _register(
-        self, callback: Callable[[Any], None], timeout_s: float | None, size: int
+        self, callback: Callable[[Any], None], timeout_s: float | None, size: int, op: int
     ) -> None:
         """Track the request just encoded with ``self._next_id`` as its id."""
         rid = self._next_id
         self._next_id += 1
         deadline = self._loop.time() + (timeout_s or self.config.request_timeout_s)
-        self._pending[rid] = (callback, deadline, size)
+        self._pending[rid] = (callback, deadline, size, op)
         self.backlog_bytes += size
         self.stats["requests"] += 1
 
@@ -335,9 +396,9 @@ class BookieClient(asyncio.Protocol):
 
     def _sweep(self) -> None:
         now = self._loop.time()
-        expired = [rid for rid, (_, deadline, _) in self._pending.items() if deadline <= now]
+        expired = [rid for rid, entry in self._pending.items() if entry[1] <= now]
         for rid in expired:
-            deliver, _, size = self._pending.pop(rid)
+            deliver, _, size, _ = self._pending.pop(rid)
             self.backlog_bytes -= size
             self.stats["timeouts"] += 1
             _deliver(deliver, OperationTimeoutError(f"bookie {self.address} did not answer"))
@@ -355,9 +416,11 @@ class BookieClient(asyncio.Protocol):
         if self._sweeper is not None:
             self._sweeper.cancel()
         pending, self._pending = self._pending, {}
+        entries = list(pending.values())
+        pending.clear()  # a data_received looping over it finds nothing more to deliver
         parts, self._parts, self._parts_bytes = self._parts, [], 0
         self.backlog_bytes = 0
-        for deliver, _, _ in pending.values():
+        for deliver, *_ in entries:
             _deliver(deliver, exc)
         for _, deliver in parts:
             _deliver(deliver, exc)
@@ -446,7 +509,8 @@ class BookiePool:
 
     Concurrent callers of :meth:`get` share one connection attempt. After a failed attempt the
     address is not retried for a backoff that doubles up to ``reconnect_backoff_max_s`` (with
-    jitter from the injected rng), so a dead bookie costs one fast failure, not a connect storm.
+    jitter from the injected rng: :class:`~bookkeeper_aio.retry.RetryPolicy`), so a dead
+    bookie costs one fast failure, not a connect storm.
     """
 
     def __init__(self, network: Network, config: ClientConfig, rng: Any) -> None:
@@ -455,7 +519,8 @@ class BookiePool:
         self.rng = rng
         self._clients: dict[str, BookieClient] = {}
         self._connecting: dict[str, asyncio.Task[BookieClient]] = {}
-        self._backoff: dict[str, tuple[float, float]] = {}  # address -> (retry_at, delay)
+        self._backoff: dict[str, tuple[float, int]] = {}  # address -> (retry_at, failures)
+        self._reconnect = RetryPolicy(config.reconnect_backoff_s, config.reconnect_backoff_max_s)
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()  # connect-then-send, owned until done
         self._room_waiters: set[asyncio.Event] = set()
@@ -495,7 +560,7 @@ class BookiePool:
         if client is not None:
             return client
         loop = asyncio.get_running_loop()
-        retry_at, _ = self._backoff.get(address, (0.0, 0.0))
+        retry_at, _ = self._backoff.get(address, (0.0, 0))
         if loop.time() < retry_at:
             raise BookieUnavailableError(f"bookie {address} unreachable (backing off)")
         fut = self._connecting.get(address)
@@ -524,10 +589,10 @@ class BookiePool:
         return client
 
     def _note_failure(self, address: str, now: float) -> None:
-        _, delay = self._backoff.get(address, (0.0, 0.0))
-        delay = min(self.config.reconnect_backoff_max_s,
-                    max(self.config.reconnect_backoff_s, delay * 2))  # fmt: skip
-        self._backoff[address] = (now + delay * (0.5 + self.rng.random()), delay)
+        failures = self._backoff.get(address, (0.0, 0))[1] + 1
+        delay = self._reconnect.delay_s(failures, self.rng)
+        assert delay is not None  # an unbounded policy
+        self._backoff[address] = (now + delay, failures)
 
     def send(
         self, address: str, msg_type: type, *fields: Any, callback: Callable[[Any], None]
@@ -605,24 +670,18 @@ def _settle(fut: asyncio.Future[Any], result: Any) -> None:
             fut.set_result(result)
 
 
-def _answer_parts(callbacks: list[Callable[[Any], None]], address: str, result: Any) -> None:
-    """Give each part of a MultiAddRequest its own answer (the response it would have had
-    alone), or the whole request's fate: an exception, or a response refusing it all."""
-    if type(result) is MultiAddResponse:
-        if len(result.results) == len(callbacks):
-            for callback, response in zip(callbacks, multi_add_results(result), strict=True):
-                if type(response) is ErrorResponse:
-                    response = error_for_status(response.status, f"{address}: {response.message}")
-                elif type(response) is BadFrame:
-                    response = ProtocolError(f"bookie {address} sent a bad part: {response.reason}")
-                _deliver(callback, response)
-            return
-        if result.status == StatusCode.OK:
-            result = ProtocolError(
-                f"bookie {address} answered {len(result.results)} of {len(callbacks)} parts"
-            )
-    for callback in callbacks:
-        _deliver(callback, result)
+def _part_answer(op: int, response: Any, address: str) -> Any:
+    """What a part of a multi-add is told: its response, its error, or a ProtocolError."""
+    if type(response) is BadFrame:
+        return ProtocolError(f"bookie {address} sent a bad part: {response.reason}")
+    if type(response) is ErrorResponse:
+        return error_for_status(response.status, f"{address}: {response.message}")
+    if op | RESPONSE_BIT != response.OP or response.status not in KNOWN_STATUSES or (
+        type(response) is AddBatchResponse and not KNOWN_STATUSES.issuperset(response.statuses)
+    ):  # fmt: skip
+        return ProtocolError(f"bookie {address} sent {type(response).__name__} with status "
+                             f"{response.status} to op {op}")  # fmt: skip
+    return response
 
 
 def _deliver(callback: Callable[[Any], None], result: Any) -> None:

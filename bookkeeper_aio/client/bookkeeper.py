@@ -16,6 +16,7 @@ import contextlib
 import random
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from ..config import ClientConfig, MetadataConfig
@@ -39,7 +40,9 @@ class BookKeeper:
 
     def __init__(self, ctx: ClientContext) -> None:
         self.ctx = ctx
-        self._writers: list[LedgerWriter] = []
+        # Writers still open, to stop their explicit-LAC tasks at shutdown: weak, so a closed
+        # or failed writer (whose task has ended) is not kept for the client's lifetime.
+        self._writers: weakref.WeakSet[LedgerWriter] = weakref.WeakSet()
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -75,7 +78,7 @@ class BookKeeper:
     async def _shutdown(self) -> None:
         if self._logs is not None:
             await self._logs.close()  # log writers and readers still open
-        for writer in self._writers:
+        for writer in list(self._writers):
             writer._lac_task.cancel()
         await self.ctx.pool.close()
 
@@ -111,9 +114,7 @@ class BookKeeper:
 
         versioned = await self.ctx.metadata.create_ledger(make)
         writer = LedgerWriter(self.ctx, versioned, master_key(password))
-        # Closed handles are dropped: a long-lived client (a Spark worker's) creates many.
-        self._writers = [w for w in self._writers if not w._closed]
-        self._writers.append(writer)
+        self._writers.add(writer)
         return writer
 
     async def open_ledger(

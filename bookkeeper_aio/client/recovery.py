@@ -10,12 +10,19 @@ Theory of operation
 3. **Read forward** from ``max(LAC, first entry of the last segment - 1) + 1``, with the fence
    flag, each entry from its write set in the ensemble as it was when recovery started, and
    decide each by :func:`~bookkeeper_aio.quorum.recovery_read_decision`: a good copy → write it
-   back to its write set with the recovery flag (AQ acks needed; a failed bookie is replaced in
-   a *local* ensemble); QC explicit negatives → the ledger ends just before; undecided → fail
-   (retry later), never truncate.
+   back to its write set with the recovery flag; QC explicit negatives → the ledger ends just
+   before; undecided → fail (retry later), never truncate. Entries are read
+   ``recovery_reads_parallel_max`` at a time and each window's entries are written back
+   together, as BookKeeper's ``LedgerRecoveryOp`` keeps several in flight: a write-back is done
+   once AQ bookies acknowledged it (it does not wait for the rest of its write set), so a hung
+   bookie costs a window one request timeout, not every entry one. A bookie that failed is
+   replaced in a *local* ensemble from the lowest entry not yet at AQ, and every entry from
+   there that counted on it is written again.
 4. **Close**: CAS IN_RECOVERY → CLOSED at the last recovered entry, committing local ensemble
-   changes with it. Concurrent recoverers read the same bookies and converge on the same end;
-   whoever loses the CAS adopts the winner's CLOSED metadata.
+   changes with it — only those: the segments before the first of them are the metadata's at
+   the close (an autorecovery may have replaced a lost bookie there meanwhile). Concurrent
+   recoverers read the same bookies and converge on the same end; whoever loses the CAS
+   adopts the winner's CLOSED metadata.
 
 The ledger's byte length is not carried by entries, so a recovered ledger records length -1
 (unknown) unless nothing past the writer's close was needed.
@@ -25,13 +32,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any
 
 from ..digest import master_key
 from ..errors import LedgerRecoveryError, MetadataVersionError, NotEnoughBookiesError, StatusCode
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..metadata.store import update_ledger
-from ..protocol import ADD_FLAG_RECOVERY, READ_FLAG_FENCE, AddRequest, ReadLacRequest, ReadRequest
+from ..protocol import (
+    ADD_FLAG_RECOVERY,
+    READ_FLAG_FENCE,
+    AddRequest,
+    AddResponse,
+    ReadLacRequest,
+    ReadRequest,
+)
 from ..quorum import ReadDecision, is_covered, recovery_read_decision, recovery_start, write_set
 from .context import ClientContext
 from .reads import entry_ok, proof_lac, request
@@ -62,9 +77,19 @@ async def recover(
     first_of_last, _ = md.last_ensemble()
     below = ctx.has_bug("recovery-below-last-segment")
     last = recovery_start(lac, first_of_last, below_last_segment=below)
-    ensembles = {first: list(ens) for first, ens in md.ensembles}
+    ensembles = LocalEnsembles({first: list(ens) for first, ens in md.ensembles})
     last = await _read_forward(ctx, md, key, last, ensembles)
     return await _close(ctx, versioned, last, ensembles)
+
+
+class LocalEnsembles(dict[int, list[str]]):
+    """The ensembles recovery writes back to: the metadata's as recovery started, with its
+    local replacements; ``changed_from`` is the first entry of the earliest of those (None:
+    none). Only that part is recovery's to commit: the segments before it are taken from the
+    metadata as it is at the close (an autorecovery may have replaced a lost bookie in them
+    meanwhile, and writing back the old ones would undo it)."""
+
+    changed_from: int | None = None
 
 
 def _to_recovery(v: Versioned) -> LedgerMetadata | None:
@@ -113,16 +138,21 @@ async def _read_forward(
     while True:
         ids = range(last + 1, last + 1 + window)
         decisions = await asyncio.gather(*(_read_for_recovery(ctx, md, key, e) for e in ids))
+        recovered: list[Any] = []
         for entry_id, (decision, response) in zip(ids, decisions, strict=True):
             if decision is ReadDecision.NOT_RECOVERABLE:
-                return last
+                break
             if decision is not ReadDecision.RECOVERABLE:
                 raise LedgerRecoveryError(
                     f"ledger {md.ledger_id}: cannot decide entry {entry_id} "
                     "(replicas unreachable or in limbo); retry later"
                 )
-            await _write_back(ctx, md, key, response, ensembles)
-            last = entry_id
+            recovered.append(response)
+        if recovered:
+            await _write_back(ctx, md, key, recovered, ensembles)
+            last = recovered[-1].entry_id
+        if len(recovered) < window:
+            return last
 
 
 async def _read_for_recovery(
@@ -159,33 +189,90 @@ async def _read_for_recovery(
 
 
 async def _write_back(
-    ctx: ClientContext, md: LedgerMetadata, key: bytes, entry: Any, ensembles: dict
+    ctx: ClientContext, md: LedgerMetadata, key: bytes, entries: list[Any], ensembles: dict
 ) -> None:
-    """Recovery-add ``entry`` to its write set until AQ bookies hold it (replacing failures).
+    """Recovery-add ``entries`` (ascending ids) to their write sets, all at once, until AQ
+    bookies of the (local) ensemble hold each; replace failed bookies from the lowest entry
+    still short of AQ and write again what counted on them.
 
-    With the bug switch ``recovery-below-last-segment`` the entry goes to the *last* ensemble
-    whatever its id, as BookKeeper 4.13 did ("recovery adds go to the current ensemble"), so a
-    failure there makes a fragment start below the last segment (#2615).
+    With the bug switch ``recovery-below-last-segment`` the entries go to the *last* ensemble
+    whatever their ids, as BookKeeper 4.13 did ("recovery adds go to the current ensemble"),
+    so a failure there makes a fragment start below the last segment (#2615).
+
+    Raises:
+        LedgerRecoveryError: bookies kept failing (more rounds than the ensemble has bookies).
     """
-    below = ctx.has_bug("recovery-below-last-segment")
-    fields = (md.ledger_id, entry.entry_id, ADD_FLAG_RECOVERY, key, entry.entry_lac,
-              entry.payload, entry.digest)  # fmt: skip
-    members = list(write_set(entry.entry_id, md.ensemble_size, md.write_quorum))
-    acked: set[int] = set()
+    acked: dict[int, set[int]] = {e.entry_id: set() for e in entries}
     for _attempt in range(md.ensemble_size + 3):
-        base = max(ensembles) if below else max(f for f in ensembles if f <= entry.entry_id)
-        ensemble = ensembles[base]
-        targets = [i for i in members if i not in acked]
-        results = await asyncio.gather(
-            *(request(ctx, ensemble[i], AddRequest, *fields) for i in targets)
-        )
-        for index, result in zip(targets, results, strict=True):
-            if getattr(result, "status", None) == StatusCode.OK:
-                acked.add(index)
-        if len(acked) >= md.ack_quorum:
+        failed = await _write_round(ctx, md, key, entries, ensembles, acked)
+        waiting = [e.entry_id for e in entries if len(acked[e.entry_id]) < md.ack_quorum]
+        if not waiting:
             return
-        await _replace_locally(ctx, md, ensembles, base, entry.entry_id, set(targets) - acked)
-    raise LedgerRecoveryError(f"ledger {md.ledger_id}: could not write back {entry.entry_id}")
+        first = waiting[0]
+        if not failed:  # cannot happen: an entry short of AQ heard a failure
+            break
+        base = _segment(ctx, ensembles, first)
+        await _replace_locally(ctx, md, ensembles, base, first, failed)
+        for entry_id, indexes in acked.items():
+            if entry_id >= first:  # those bookies are no longer in their write sets
+                indexes -= failed
+    raise LedgerRecoveryError(f"ledger {md.ledger_id}: could not write back {entries[0].entry_id}")
+
+
+def _segment(ctx: ClientContext, ensembles: dict, entry_id: int) -> int:
+    """The first entry of the (local) segment ``entry_id`` is written to."""
+    if ctx.has_bug("recovery-below-last-segment"):
+        return max(ensembles)
+    return max(f for f in ensembles if f <= entry_id)
+
+
+async def _write_round(
+    ctx: ClientContext,
+    md: LedgerMetadata,
+    key: bytes,
+    entries: list[Any],
+    ensembles: dict,
+    acked: dict[int, set[int]],
+) -> set[int]:
+    """One round: send each entry short of AQ to the members of its write set that did not
+    acknowledge it; return once each such entry reached AQ or heard from all of them, with
+    the indexes that failed. Answers after that (stragglers beyond AQ) are ignored: their
+    requests end with their own timeouts, and counting them is never needed."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    failed: set[int] = set()
+    unanswered: dict[int, int] = {}  # entry id -> its requests of this round not answered
+
+    def answered(entry_id: int, index: int, result: Any) -> None:
+        if done.done() or entry_id not in unanswered:
+            return
+        if getattr(result, "status", None) == StatusCode.OK and type(result) is AddResponse:
+            acked[entry_id].add(index)
+        else:
+            failed.add(index)
+        unanswered[entry_id] -= 1
+        if len(acked[entry_id]) >= md.ack_quorum or not unanswered[entry_id]:
+            del unanswered[entry_id]
+            if not unanswered:
+                done.set_result(None)
+
+    sends = []
+    for entry in entries:
+        if len(acked[entry.entry_id]) >= md.ack_quorum:
+            continue
+        ensemble = ensembles[_segment(ctx, ensembles, entry.entry_id)]
+        fields = (md.ledger_id, entry.entry_id, ADD_FLAG_RECOVERY, key, entry.entry_lac,
+                  entry.payload, entry.digest)  # fmt: skip
+        members = write_set(entry.entry_id, md.ensemble_size, md.write_quorum)
+        targets = [i for i in members if i not in acked[entry.entry_id]]
+        unanswered[entry.entry_id] = len(targets)
+        sends += ((ensemble[i], fields, partial(answered, entry.entry_id, i)) for i in targets)
+    if not unanswered:
+        return failed
+    for bookie, fields, callback in sends:  # after counting them all: answers may be at once
+        ctx.pool.send(bookie, AddRequest, *fields, callback=callback)
+    await done
+    return failed
 
 
 async def _replace_locally(
@@ -211,10 +298,18 @@ async def _replace_locally(
     for f in [f for f in ensembles if f > entry_id]:
         del ensembles[f]
     ensembles[entry_id] = new
+    if isinstance(ensembles, LocalEnsembles):
+        start = ensembles.changed_from
+        ensembles.changed_from = entry_id if start is None else min(start, entry_id)
 
 
-async def _close(ctx: ClientContext, versioned: Versioned, last: int, ensembles: dict) -> Versioned:
-    segments = tuple((f, tuple(e)) for f, e in sorted(ensembles.items()))
+async def _close(
+    ctx: ClientContext, versioned: Versioned, last: int, ensembles: LocalEnsembles
+) -> Versioned:
+    start = ensembles.changed_from
+    local = tuple(
+        (f, tuple(e)) for f, e in sorted(ensembles.items()) if start is not None and f >= start
+    )
 
     def close(v: Versioned) -> LedgerMetadata | None:
         md: LedgerMetadata = v.value
@@ -228,6 +323,9 @@ async def _close(ctx: ClientContext, versioned: Versioned, last: int, ensembles:
             return None
         if md.state is not LedgerState.IN_RECOVERY:
             raise MetadataVersionError(f"ledger {md.ledger_id} changed state during recovery")
+        segments = md.ensembles  # as they are now (module docstring: LocalEnsembles)
+        if start is not None:
+            segments = tuple(s for s in md.ensembles if s[0] < start) + local
         return LedgerMetadata(**{**md.__dict__, "ensembles": segments}).closed(last, -1)
 
     return await update_ledger(

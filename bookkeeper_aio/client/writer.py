@@ -57,11 +57,11 @@ from ..protocol import (
     add_entry_head,
 )
 from ..quorum import AckSet, write_set
+from ..retry import RetryPolicy
 from .context import ClientContext
 from .short_copies import ShortCopies
 
 log = logging.getLogger(__name__)
-OVERLOAD_RETRY_S = 0.01  # a bookie or connection at its in-flight bound: wait, resend
 # What an add takes in a batch beyond its payload (protocol.pack_add_entries).
 FRAMING_BYTES_PER_ADD = ADD_ENTRY_HEAD.size
 
@@ -75,7 +75,8 @@ class _PendingAdd(AckSet):
     whom to tell: a future (append_nowait) or a callback (append_callback)."""
 
     __slots__ = (
-        "callback", "digest", "done", "entry_id", "error", "future", "head", "lac", "payload"
+        "callback", "digest", "done", "entry_id", "error", "future", "head", "lac", "overloads",
+        "payload",
     )  # fmt: skip
 
     def __init__(
@@ -92,6 +93,7 @@ class _PendingAdd(AckSet):
         self.future, self.callback = future, callback
         self.done = False  # completed or failed: the caller was told (or its future cancelled)
         # self.error: set by LedgerWriter._finish for an append_callback add, read by _tell
+        # self.overloads: TOO_MANY_REQUESTS answers in a row, set by _on_add (rare: no cost here)
 
     def finish(self, error: BaseException | None) -> None:
         """Tell the caller the add succeeded (``error`` None) or failed; once."""
@@ -131,6 +133,10 @@ class LedgerWriter:
         self._batch_bytes_max = ctx.config.add_batch_bytes_max
         self._batches_in_flight_max = ctx.config.add_batches_in_flight_max
         self._batches_in_flight: dict[str, int] = {}  # bookie -> our unanswered add requests
+        cfg = ctx.config
+        self._overload_retry = RetryPolicy(cfg.overload_retry_backoff_s,
+                                           cfg.overload_retry_backoff_max_s,
+                                           cfg.overload_retries_max)  # fmt: skip
         self.last_add_confirmed = -1
         self.last_add_pushed = -1
         self.length = 0
@@ -497,15 +503,24 @@ class LedgerWriter:
         # hold up the writer's backpressure (bookie_backlog_bytes_max) for ever.
         status = result if type(result) is int else getattr(result, "status", None)
         if status == StatusCode.TOO_MANY_REQUESTS or isinstance(result, TooManyRequestsError):
-            # Overload, not failure: retry the same bookie shortly instead of replacing it.
-            loop = asyncio.get_running_loop()
-            loop.call_later(OVERLOAD_RETRY_S, self._retry, op, index, bookie)
+            # Overload, not failure: retry the same bookie after a backoff; only a bookie that
+            # stays overloaded for the whole retry policy is replaced.
+            attempt = getattr(op, "overloads", 0) + 1
+            op.overloads = attempt
+            delay = self._overload_retry.delay_s(attempt, self.ctx.rng)
+            if delay is not None:
+                self._loop.call_later(delay, self._retry, op, index, bookie)
+                return
+            log.info("ledger %d: bookie %s still overloaded after %d retries", self.ledger_id,
+                     bookie, attempt - 1)  # fmt: skip
+            op.overloads = 0
+            self._bookie_failed(index, bookie)
         elif status == StatusCode.FENCED:
             self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recoverer"))
         elif status == StatusCode.UNAUTHORIZED:
             self._fail(UnauthorizedError(f"bookie {bookie} refused our key for {self.ledger_id}"))
         else:
-            why = result if isinstance(result, BaseException) else StatusCode(status).name
+            why = result if isinstance(result, BaseException) else _status_name(status)
             log.info("ledger %d: bookie %s failed an add (%s)", self.ledger_id, bookie, why)
             self._bookie_failed(index, bookie)
 
@@ -557,6 +572,7 @@ class LedgerWriter:
     def _fail(self, exc: BaseException) -> None:
         if self._failed is None:
             self._failed = exc
+            self._lac_task.cancel()  # a failed writer has no LAC to send any more
         self._fail_pending(exc)
 
     def _fail_pending(self, exc: BaseException) -> None:
@@ -592,6 +608,9 @@ class LedgerWriter:
         except BookKeeperError as exc:
             log.warning("ledger %d: ensemble change failed: %s", self.ledger_id, exc)
             self._fail(exc)
+        except Exception as exc:  # a bug: the writer fails loudly instead of hanging its adds
+            log.exception("ledger %d: ensemble change failed", self.ledger_id)
+            self._fail(BookKeeperError(f"ledger {self.ledger_id}: ensemble change failed: {exc!r}"))
 
     async def _replace(self, failed: dict[int, str]) -> None:
         self._ensemble_changes += 1
@@ -645,6 +664,13 @@ class LedgerWriter:
                     self.ctx.pool.send(bookie, WriteLacRequest, self.ledger_id, self._key, lac,
                                        proof.digest, callback=_ignore)  # fmt: skip
                 self._lac_sent = lac
+
+
+def _status_name(status: Any) -> str:
+    try:
+        return StatusCode(status).name
+    except ValueError:
+        return f"status {status!r:.20}"
 
 
 def _ignore(result: Any) -> None:

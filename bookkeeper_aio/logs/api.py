@@ -15,11 +15,12 @@ Every ledger of a log is created with the empty password and tagged with the cus
 from __future__ import annotations
 
 import time
+from asyncio import CancelledError
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..client.writer import LedgerWriter
-from ..errors import BookKeeperError
+from ..errors import BookKeeperError, MetadataUnavailableError
 from . import admin
 from .admin import LogInfo, check_offset
 from .keys import read_log
@@ -79,12 +80,16 @@ class Logs:
             custom_metadata={self.tag: name.encode()},
         )
 
-    async def discard_ledger(self, ledger: LedgerWriter) -> None:
+    async def discard_ledger(self, ledger: LedgerWriter, why: BaseException | None = None) -> None:
         """Close and delete a ledger no log lists (best effort: a failure is logged by the
-        caller's path and the ledger stays tagged with its log)."""
+        caller's path and the ledger stays tagged with its log). ``why``: the error of the
+        log update that would have listed it; one that leaves its outcome unknown (the store
+        unreachable, a timeout or cancellation: the write may have landed and only its reply
+        been lost) keeps the ledger, closed, since the log may list it after all."""
         try:
             await ledger.close()
-            await self.bk.delete_ledger(ledger.ledger_id)
+            if not isinstance(why, MetadataUnavailableError | TimeoutError | CancelledError):
+                await self.bk.delete_ledger(ledger.ledger_id)
         except BookKeeperError:
             pass
 

@@ -237,8 +237,8 @@ class Rollover:
                 self._config.metadata_retries_max,
                 current=self._versioned,
             )
-        except BaseException:
-            await self._logs.discard_ledger(ledger)  # not recorded: nobody else would
+        except BaseException as exc:
+            await self._logs.discard_ledger(ledger, exc)  # not recorded: nobody else would
             raise
         return ledger
 

@@ -281,8 +281,8 @@ class LogWriter(Rollover):
                 self._config.metadata_retries_max,
                 current=takeover.versioned,
             )
-        except BaseException:
-            await self._logs.discard_ledger(ledger)
+        except BaseException as exc:
+            await self._logs.discard_ledger(ledger, exc)
             raise
         first = self._versioned.value.segments[-1].first_offset
         self._start_segment(ledger, first)

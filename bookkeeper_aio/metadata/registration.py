@@ -7,7 +7,9 @@ bookies). The info sits under a lease with a TTL; a keepalive task refreshes it 
 ``keepalive_interval_s``. If the process dies (kill -9, a crash, a long pause) the refreshes
 stop and the store deletes the info ``lease_ttl_s`` later: clients stop choosing it. If the
 lease is found lost while the process lives (etcd lost it, or the pause was longer than the
-TTL), the task registers again under a new lease and logs it. ``unregister`` (clean
+TTL), the task registers again under a new lease and logs it. Any error of a round is logged
+and the next round tries again: a serving bookie must not drop out of the registry because
+one refresh failed in an unexpected way. ``unregister`` (clean
 shutdown) revokes the lease at once; ``abandon`` stops the keepalive without revoking, which is
 what a crash looks like from outside (the simulator and tests use it).
 
@@ -45,6 +47,7 @@ class BookieRegistration:
         self.keepalive_interval_s = keepalive_interval_s
         self.renewals = 0
         self.reregistrations = 0
+        self.failures = 0  # keepalive rounds that failed unexpectedly (logged, retried)
         self._task: asyncio.Task[None] | None = None
 
     # --- what a store implements ----------------------------------------------------------
@@ -89,6 +92,9 @@ class BookieRegistration:
                 await self._register()
             except MetadataUnavailableError as exc:  # the next round tries again
                 log.warning("bookie %s: lease keepalive failed: %s", self.info.bookie_id, exc)
+            except Exception:  # whatever it was, the next round tries again
+                self.failures += 1
+                log.exception("bookie %s: lease keepalive failed", self.info.bookie_id)
 
     @property
     def active(self) -> bool:
@@ -119,7 +125,7 @@ class BookieRegistration:
         task = self._task
         self.abandon()
         if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.gather(task, return_exceptions=True)  # cancelled: nothing to lose
         await self._revoke()
 
     async def __aenter__(self) -> Self:

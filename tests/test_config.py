@@ -1,0 +1,48 @@
+"""Configuration: every numeric field refuses NaN and infinities, zero where it means nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+
+import pytest
+
+from bookkeeper_aio.config import BookieConfig, ClientConfig, MetadataConfig
+from bookkeeper_aio.errors import ConfigError
+
+CLASSES = (BookieConfig, ClientConfig, MetadataConfig)
+FLOAT_FIELDS = [
+    (cls, f.name)
+    for cls in CLASSES
+    for f in dataclasses.fields(cls)
+    if isinstance(getattr(cls(), f.name), float)
+]
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize(("cls", "name"), FLOAT_FIELDS, ids=lambda x: getattr(x, "__name__", x))
+def test_every_float_field_refuses_nan_and_infinities(cls, name, value):
+    with pytest.raises(ConfigError, match=name):
+        cls.from_mapping({name: value})
+    with pytest.raises(ConfigError, match=name):
+        cls().replace(**{name: value})
+
+
+def test_the_integrity_check_interval_may_be_zero_meaning_at_boot_only():
+    assert BookieConfig.from_mapping({"data_integrity_check_interval_s": 0}).validate() is None
+    with pytest.raises(ConfigError, match="data_integrity_check_interval_s"):
+        BookieConfig.from_mapping({"data_integrity_check_interval_s": -1})
+    with pytest.raises(ConfigError, match="handshake_timeout_s"):
+        BookieConfig.from_mapping({"handshake_timeout_s": 0})
+
+
+def test_a_bookie_started_with_a_nan_timeout_exits_2_naming_the_key(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "bookkeeper_aio.bookie", "--journal-dir", str(tmp_path / "j"),
+         "--ledger-dir", str(tmp_path / "l"), "--set", "handshake_timeout_s=nan"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "handshake_timeout_s" in result.stderr
