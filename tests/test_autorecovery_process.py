@@ -225,6 +225,33 @@ async def test_a_bookie_formatted_again_gets_its_copies_back(tmp_path, etcd_uri)
         await _read_back(bk, written)
 
 
+async def test_a_bookie_with_autorecovery_true_replaces_a_lost_bookie(tmp_path, etcd_uri):
+    """``--autorecovery true``: no autorecovery process runs; the service inside a bookie
+    audits, declares the killed bookie lost and copies its entries to the spare bookie."""
+    await _init(etcd_uri)
+    settings = ("lost_bookie_recovery_delay_s=1", "replication_lock_ttl_s=3")
+    inside = [arg for item in settings for arg in ("--set", item)]
+    host = _bookie(tmp_path / "b0", etcd_uri, None, "--autorecovery", "true", *inside)
+    procs = [host, *(_bookie(tmp_path / f"b{i}", etcd_uri, None) for i in range(1, 4))]
+    async with _running(procs, etcd_uri), BookKeeper.connect(etcd_uri) as bk:
+        written = await _write_closed(bk, 4, 6)
+
+        async def running() -> bool:  # the in-bookie service has published itself
+            return host.address in await process_statistics(bk.ctx.metadata)
+
+        await _wait(running, 30, "the bookie's autorecovery service runs")
+        held = {p.address: 0 for p in procs[1:]}  # the victim: the one holding the most
+        for lid in written:
+            for address in (await bk.ctx.metadata.read_ledger(lid)).value.bookies():
+                held[address] = held.get(address, 0) + 1
+        victim = max(procs[1:], key=lambda p: held[p.address])
+        victim.kill()
+        await _wait(lambda: _restored(bk, list(written), without=victim.address), 45,
+                    f"every ledger off {victim.address} by the bookie's autorecovery")  # fmt: skip
+        await _read_back(bk, written)
+    assert "autorecovery" in host.log.read_text()
+
+
 def test_bad_autorecovery_configuration_exits_2(tmp_path):
     cmd = [sys.executable, "-m", "bookkeeper_aio.autorecovery", "--metadata", "memory://x",
            "--set", "audit_interval_s=nan"]  # fmt: skip
