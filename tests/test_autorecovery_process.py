@@ -252,6 +252,40 @@ async def test_a_bookie_with_autorecovery_true_replaces_a_lost_bookie(tmp_path, 
     assert "autorecovery" in host.log.read_text()
 
 
+async def test_audit_marks_what_is_short_and_list_under_replicated_shows_it(tmp_path, etcd_uri):
+    """No autorecovery process: ``shell audit`` finds the copies a bookie formatted again no
+    longer holds, marks those ledgers, and ``list-under-replicated`` shows them (ledger,
+    which bookie misses how many entries, since when, why)."""
+    await _init(etcd_uri)
+    procs = [_bookie(tmp_path / f"b{i}", etcd_uri, None) for i in range(3)]
+    async with _running(procs, etcd_uri), BookKeeper.connect(etcd_uri) as bk:
+        written = await _write_closed(bk, 3, 4)
+        clean = await asyncio.to_thread(_shell, etcd_uri, "audit")
+        assert clean.returncode == 0, clean.stderr
+        assert "3 ledgers checked: 0 marked" in clean.stdout
+        listed = await asyncio.to_thread(_shell, etcd_uri, "list-under-replicated")
+        assert listed.stdout.strip() == "no under-replicated ledgers"
+        target = procs[0]
+        target.kill()
+        shutil.rmtree(target.root / "journal")
+        shutil.rmtree(target.root / "ledgers")
+        async with open_metadata_store(etcd_uri) as store:  # formatted again: empty, same id
+            cookie = await store.get_cookie(target.address)
+            await store.delete_cookie(target.address, cookie.version)
+        target.start()
+        await wait_registered(etcd_uri, 3)
+        audited = await asyncio.to_thread(_shell, etcd_uri, "audit")
+        assert audited.returncode == 0, audited.stderr
+        assert "3 ledgers checked: 3 marked under-replicated" in audited.stdout
+        listed = await asyncio.to_thread(_shell, etcd_uri, "list-under-replicated")
+        assert listed.returncode == 0, listed.stderr
+        rows = listed.stdout.strip().splitlines()
+        assert sorted(int(row.split("\t")[0]) for row in rows) == sorted(written)
+        for row in rows:
+            assert f"missing {target.address}: 4 entries" in row, row
+            assert "\tsince " in row and "why periodic check" in row, row
+
+
 def test_bad_autorecovery_configuration_exits_2(tmp_path):
     cmd = [sys.executable, "-m", "bookkeeper_aio.autorecovery", "--metadata", "memory://x",
            "--set", "audit_interval_s=nan"]  # fmt: skip
