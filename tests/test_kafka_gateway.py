@@ -14,6 +14,8 @@ from aiokafka.protocol.admin import ApiVersionRequest_v0, ApiVersionRequest_v2
 from aiokafka.protocol.coordination import FindCoordinatorRequest_v0
 from aiokafka.protocol.metadata import MetadataRequest_v1, MetadataRequest_v4
 from aiokafka.protocol.produce import ProduceRequest_v2
+from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
 
 from bookkeeper_aio.config import KafkaConfig
 from bookkeeper_aio.kafka.gateway import Gateway
@@ -275,3 +277,36 @@ async def test_group_ids_too_long_for_a_cursor_are_refused():
         assert answer.error_code == 24  # INVALID_GROUP_ID
         answer = await c.call(FindCoordinatorRequest_v0("billing team/eu"), 2)  # any characters
         assert answer.error_code == 0 and answer.coordinator_id == gw.membership.node_id
+
+
+def gzip_batch(values: list[bytes]) -> bytes:
+    """A gzip-compressed record batch v2 (base offset 0), as a producer with
+    ``compression_type="gzip"`` builds it."""
+    builder = DefaultRecordBatchBuilder(2, DefaultRecordBatch.CODEC_GZIP, 0, -1, -1, -1,
+                                        1 << 20)  # fmt: skip
+    for i, value in enumerate(values):
+        builder.append(i, 1_700_000_000_000, None, value, [])
+    return bytes(builder.build())
+
+
+async def test_compressed_batches_are_stored_as_sent_and_a_fetch_mid_batch_gets_it_whole():
+    async with memory_gateway() as gw, RawClient.connect(gw.port) as c:
+        await gw.topics.create("t", 1, 1, 1, 1)
+        sent = [gzip_batch([b"a", b"b", b"c"]), gzip_batch([b"d", b"e"])]
+        assert produce_answer(await c.call(produce("t", 0, sent[0]), 1)) == (0, 0)
+        assert produce_answer(await c.call(produce("t", 0, sent[1]), 2)) == (0, 3)
+        for n, (offset, first_batch) in enumerate([(1, 0), (2, 0), (4, 1)]):
+            [(_, [part])] = (await c.call(fetch("t", 0, offset), 10 + n)).topics
+            records = MemoryRecords(part[-1])
+            got = []
+            while (b := records.next_batch()) is not None:
+                got.append(b)
+            # The batch holding the offset, whole: its records from its base offset on.
+            assert got[0].base_offset == (0, 3)[first_batch]
+            assert got[0].compression_type == DefaultRecordBatch.CODEC_GZIP
+            assert [r.offset for r in got[0]] == [[0, 1, 2], [3, 4]][first_batch]
+            # As sent: only the base offset (outside the CRC) was written by the gateway.
+            stored = bytes(part[-1])[: len(sent[first_batch])]
+            assert stored[8:] == sent[first_batch][8:]
+            assert struct.unpack(">q", stored[:8])[0] == (0, 3)[first_batch]
+        assert fetched_values(await c.call(fetch("t", 0, 0), 20)) == [b"a", b"b", b"c", b"d", b"e"]
