@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -18,6 +20,7 @@ from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBat
 from aiokafka.record.memory_records import MemoryRecords
 
 from bookkeeper_aio.config import KafkaConfig
+from bookkeeper_aio.kafka.__main__ import build_config, parse_args
 from bookkeeper_aio.kafka.gateway import Gateway
 from bookkeeper_aio.kafka.memory_storage import MemoryPartitionStorage
 from bookkeeper_aio.metadata.memory import MemoryMetadataStore
@@ -310,3 +313,37 @@ async def test_compressed_batches_are_stored_as_sent_and_a_fetch_mid_batch_gets_
             assert stored[8:] == sent[first_batch][8:]
             assert struct.unpack(">q", stored[:8])[0] == (0, 3)[first_batch]
         assert fetched_values(await c.call(fetch("t", 0, 0), 20)) == [b"a", b"b", b"c", b"d", b"e"]
+
+
+async def test_metadata_names_the_advertised_address():
+    async with (
+        memory_gateway(kafka_advertised_address="gw.example:19092") as gw,
+        RawClient.connect(gw.port) as c,
+    ):
+        await gw.topics.create("t", 1, 1, 1, 1)
+        md = await c.call(MetadataRequest_v1(["t"]), 1)
+        assert [(host, port) for _, host, port, _ in md.brokers] == [("gw.example", 19092)]
+        assert md.topics[0][3][0][2] == md.brokers[0][0]  # the partition's leader is it
+
+
+def test_the_command_line_takes_a_config_file_and_flags_over_it(tmp_path):
+    conf = tmp_path / "kafka.toml"
+    conf.write_text(
+        'kafka_metadata_uri = "etcd://127.0.0.1:2379/a"\nkafka_listen = "127.0.0.1:1"\n'
+        "kafka_auto_create_topics = true\n"
+    )
+    args = ["--config", str(conf), "--listen", "127.0.0.1:9093",
+            "--advertised-address", "gw.example:19092"]  # fmt: skip
+    cfg = build_config(parse_args(args))
+    assert (cfg.kafka_metadata_uri, cfg.kafka_listen, cfg.advertised_address) == (
+        "etcd://127.0.0.1:2379/a", "127.0.0.1:9093", "gw.example:19092",
+    )  # fmt: skip
+    assert cfg.kafka_auto_create_topics
+    assert build_config(parse_args(["--metadata", "memory://x"])).advertised_address == (
+        "127.0.0.1:9092"
+    )
+    for bad in (["--listen", "127.0.0.1:1"], ["--metadata", "memory://x", "--set", "nope=1"],
+                ["--metadata", "memory://x", "--advertised-address", "no-port"]):  # fmt: skip
+        cmd = [sys.executable, "-m", "bookkeeper_aio.kafka", *bad]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "configuration error" in done.stderr, (bad, done)
