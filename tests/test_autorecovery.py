@@ -202,6 +202,44 @@ def test_a_mark_for_a_deleted_ledger_is_dropped_and_counted() -> None:
     simulate(body)
 
 
+def test_an_open_ledger_whose_writer_is_gone_is_recovered_after_the_grace_period() -> None:
+    """The lost bookie is in the open ledger's last fragment: the worker leaves it to the
+    writer for ``open_ledger_rereplication_grace_s``, then fences and recovers the ledger
+    and replaces the bookie in the closed ledger."""
+    grace = CONFIG.replace(open_ledger_rereplication_grace_s=5.0)
+
+    async def body(world: World) -> None:
+        lid = await write(world, 6, close=False)  # its writer is gone, the ledger open
+        victim = world.bookie_at(world.ledger(lid).value.ensembles[0][1][0])
+        victim.lose()
+        ar = SimAutorecovery(world, "ar", grace)
+        ar.start()
+        for _ in range(50):
+            if await marks(world):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the lost bookie's ledger was not marked")
+        marked = asyncio.get_running_loop().time()
+        while not world.ledger(lid).value.is_closed:
+            await asyncio.sleep(0.1)
+            assert asyncio.get_running_loop().time() - marked < 30, "never recovered"
+        waited_s = asyncio.get_running_loop().time() - marked
+        assert waited_s >= 5.0 - 0.5, f"recovered {waited_s:.1f} s after the mark, in grace"
+        for _ in range(100):
+            md = world.ledger(lid).value
+            if victim.address not in md.bookies() and not await marks(world):
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError(f"not restored: {world.ledger(lid).value}")
+        assert md.last_entry_id == 5  # every acknowledged entry kept by the recovery
+        assert await complete(world, lid)
+        assert ar.service.worker.counters["ledgers_recovered"] == 1
+
+    simulate(body)
+
+
 def test_two_workers_on_one_mark_copy_once() -> None:
     async def body(world: World) -> None:
         lid = await write(world, 10)
