@@ -240,6 +240,45 @@ def test_an_open_ledger_whose_writer_is_gone_is_recovered_after_the_grace_period
     simulate(body)
 
 
+def test_copying_keeps_to_replication_rate_bytes_per_s() -> None:
+    """40 entries of 1,000 bytes at 4,000 bytes/s: the copy takes about 10 s (virtual time;
+    the limiter's burst is a tenth of a second's worth), not the instant it takes unlimited."""
+    rate = 4_000
+
+    def copy_time_s(config: AutorecoveryConfig) -> float:
+        result: list[float] = []
+
+        async def body(world: World) -> None:
+            bk = world.client("writer")
+            w = await bk.create_ledger(3, 3, 2, PW)
+            for i in range(40):
+                await w.append(b"%04d" % i + bytes(996))
+            await w.close()
+            await close_client(bk)
+            node = world.bookie_at(w.metadata.ensembles[0][1][1])
+            drop_entries(node, w.ledger_id)
+            missing = [Missing(node.address, ("test",), 1)]
+            await mark_under_replicated(world.metadata_store(), w.ledger_id, missing, now_ms=1)
+            ar = SimAutorecovery(world, "ar", config)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            ar.start()
+            while await marks(world):
+                await asyncio.sleep(0.05)
+                assert loop.time() - started < 60, "not copied"
+            assert ar.service.worker.counters["bytes_copied"] == 40_000
+            assert node.stored(w.ledger_id, 39) == b"0039" + bytes(996)
+            result.append(loop.time() - started)
+
+        simulate(body)
+        return result[0]
+
+    limited = copy_time_s(CONFIG.replace(replication_rate_bytes_per_s=rate))
+    unlimited = copy_time_s(CONFIG)
+    assert limited >= (40_000 - rate / 10) / rate, limited
+    assert limited < 40_000 / rate + 5 and unlimited < 2, (limited, unlimited)
+
+
 def test_two_workers_on_one_mark_copy_once() -> None:
     async def body(world: World) -> None:
         lid = await write(world, 10)
