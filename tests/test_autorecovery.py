@@ -18,8 +18,10 @@ from bookkeeper_aio.autorecovery import fragments as fr
 from bookkeeper_aio.autorecovery.checker import check_ledger
 from bookkeeper_aio.autorecovery.election import current_auditor
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
+from bookkeeper_aio.bookie.integrity import DataIntegrity
 from bookkeeper_aio.config import AutorecoveryConfig, ConfigError
 from bookkeeper_aio.digest import pack_entry_record, payload_digest
+from bookkeeper_aio.errors import BookKeeperError
 from bookkeeper_aio.metadata.model import LedgerMetadata, LedgerState
 from bookkeeper_aio.metadata.underreplication import (
     MARKS_PREFIX,
@@ -277,6 +279,35 @@ def test_copying_keeps_to_replication_rate_bytes_per_s() -> None:
     unlimited = copy_time_s(CONFIG)
     assert limited >= (40_000 - rate / 10) / rate, limited
     assert limited < 40_000 / rate + 5 and unlimited < 2, (limited, unlimited)
+
+
+def test_the_integrity_check_marks_what_it_cannot_repair_by_itself() -> None:
+    """A bookie's data-integrity check (BP-46) finds entries it should hold and cannot copy
+    from any peer: it marks them under-replicated at once (BP-31), naming itself."""
+
+    async def body(world: World) -> None:
+        lid = await write(world, 5)
+        node = world.bookie_at(world.ledger(lid).value.ensembles[0][1][0])
+        drop_entries(node, lid)  # its copies are gone
+        for peer in world.ledger(lid).value.ensembles[0][1][1:]:
+            world.net.partition(node.name, world.bookie_at(peer).name)  # no peer to copy from
+        assert node.bookie is not None
+        integrity = DataIntegrity(
+            node.config(), node.bookie.handler, world.metadata_store(),
+            world.net.view(node.name), client_config=CLIENT_CONFIG,
+        )  # fmt: skip
+        try:
+            with pytest.raises(BookKeeperError, match="could not be copied"):
+                await integrity.check()
+        finally:
+            await integrity.close()
+        (mark,) = await marks(world)
+        (missing,) = mark.missing
+        assert (mark.ledger_id, missing.bookie) == (lid, node.address)
+        assert missing.reasons == ("integrity check could not repair",)
+        assert set(fr.entries(missing.entries)) == set(range(5))
+
+    simulate(body)
 
 
 def test_two_workers_on_one_mark_copy_once() -> None:
