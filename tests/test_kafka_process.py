@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.protocol.produce import ProduceRequest_v3
+from aiokafka.record.memory_records import MemoryRecords
 
 from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.config import KafkaConfig
@@ -227,6 +230,46 @@ async def test_a_gateway_fenced_out_of_its_log_answers_not_leader(cluster):
                 answer = await c.call(produce("fence", 0, batch([b"c", b"d"])), 3)
                 assert produce_answer(answer) == (0, 1)
                 assert fetched_values(await c.call(fetch("fence", 0, 0), 4)) == [b"a", b"c", b"d"]
+
+
+async def test_the_high_watermark_moves_only_when_the_log_acknowledges(cluster):
+    """acks=all waits for the ack quorum: with two of the three bookies frozen a produced
+    batch is neither answered nor visible to a fetch (high watermark unmoved); once they thaw
+    it is acknowledged, and only then fetched."""
+    async with BookKeeper.connect(cluster.uri) as bk:
+        cfg = KafkaConfig(kafka_listen=f"127.0.0.1:{free_port()}")
+        async with Gateway.serve(cfg, bk.ctx.metadata, LogPartitionStorage(bk, cfg)) as gw:
+            await gw.topics.create("hw", 1, 3, 3, 2)
+            async with RawClient.connect(gw.port) as p, RawClient.connect(gw.port) as c:
+                assert produce_answer(await p.call(produce("hw", 0, batch([b"a"])), 1)) == (0, 0)
+                frozen = cluster.bookies[:2]
+                try:
+                    for b in frozen:
+                        b.signal(signal.SIGSTOP)
+                    p.send(produce("hw", 0, batch([b"b"])), 2)
+                    writer = gw.owned["hw", 0].log.writer
+                    deadline = asyncio.get_running_loop().time() + 10
+                    while writer.next_offset < 2:  # appended: the add is out to the bookies
+                        assert asyncio.get_running_loop().time() < deadline, "not appended"
+                        await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.5)  # a chance to do the wrong thing
+                    [(_, [part])] = (await c.call(fetch("hw", 0, 0), 3)).topics
+                    assert part[2] == 1 and fetched_values_of(part) == [b"a"]  # unmoved
+                finally:
+                    for b in frozen:
+                        b.signal(signal.SIGCONT)
+                cid, body = await p.receive()
+                assert cid == 2
+                assert produce_answer(ProduceRequest_v3.RESPONSE_TYPE.decode(body)) == (0, 1)
+                [(_, [part])] = (await c.call(fetch("hw", 0, 0), 4)).topics
+                assert part[2] == 2 and fetched_values_of(part) == [b"a", b"b"]
+
+
+def fetched_values_of(part) -> list[bytes]:  # type: ignore[no-untyped-def]
+    records, out = MemoryRecords(part[-1]), []
+    while (b := records.next_batch()) is not None:
+        out += [r.value for r in b]
+    return out
 
 
 def test_the_kafka_benchmark_runs(cluster, tmp_path):
