@@ -276,6 +276,31 @@ def test_retention_by_bytes_runs_after_each_rollover(cluster: Any) -> None:
     cluster(scenario)
 
 
+def test_retention_by_age_removes_segments_closed_longer_ago_than_retention_s(cluster: Any) -> None:
+    async def scenario(world: World) -> None:
+        bk = world.client("a")
+        loop = asyncio.get_running_loop()
+        bk.logs.clock_ms = lambda: int(loop.time() * 1000)  # the log's clock: virtual time
+        await bk.create_log("t", segment_entries_max=5, retention_s=10)
+        async with bk.open_log_writer("t") as lw:
+            await _write(lw, [b"old"] * 5)
+            await _write(lw, [b"new"] * 5)  # the first segment closes (a rollover)
+            await asyncio.sleep(0.5)
+            assert (await bk.log_info("t")).start_offset == 0  # closed well within 10 s
+            await asyncio.sleep(10)
+            await _write(lw, [b"later"] * 5)  # the second closes now: retention runs after it
+            await asyncio.sleep(0.5)
+            info = await bk.log_info("t")
+        # The segment closed more than 10 s before is gone; the one just closed stays.
+        assert info.start_offset == 5, info
+        assert [r.payload for r in await bk.read_log("t", 5)] == [b"new"] * 5 + [b"later"] * 5
+        with pytest.raises(LogTruncatedError):
+            await bk.read_log("t", 0)
+        await close_client(bk)
+
+    cluster(scenario)
+
+
 def test_cursors(cluster: Any) -> None:
     async def scenario(world: World) -> None:
         bk = world.client("a")
