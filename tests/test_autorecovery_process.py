@@ -186,6 +186,38 @@ async def test_decommission_of_a_live_bookie_and_of_an_unknown_one(tmp_path, etc
         await _read_back(bk, written)
 
 
+async def test_decommission_of_a_dead_bookie_and_without_an_autorecovery_process(
+    tmp_path, etcd_uri
+):
+    await _init(etcd_uri)
+    procs = [_bookie(tmp_path / f"b{i}", etcd_uri, None) for i in range(4)]
+    async with _running(procs, etcd_uri), BookKeeper.connect(etcd_uri) as bk:
+        written = await _write_closed(bk, 5, 4)
+        held = {p.address: 0 for p in procs}
+        for lid in written:
+            for address in (await bk.ctx.metadata.read_ledger(lid)).value.bookies():
+                held[address] += 1
+        dead = max(procs, key=lambda p: held[p.address])
+        dead.kill()
+        alone = await asyncio.to_thread(_shell, etcd_uri, "decommission", "--bookie", dead.address)
+        assert alone.returncode == 1 and "no autorecovery process is running" in alone.stderr
+        assert await bk.ctx.metadata.get_cookie(dead.address) is not None  # nothing done
+        # The auditor would not declare it lost for 10 minutes: only the decommission acts.
+        with _autorecovery(tmp_path, etcd_uri, "lost_bookie_recovery_delay_s=600"):
+
+            async def running() -> bool:
+                return bool(await process_statistics(bk.ctx.metadata))
+
+            await _wait(running, 30, "the autorecovery process runs")
+            result = await asyncio.to_thread(
+                _shell, etcd_uri, "decommission", "--bookie", dead.address, timeout_s=90
+            )
+            assert result.returncode == 0, result.stdout + result.stderr
+        assert await _restored(bk, list(written), without=dead.address)
+        assert await bk.ctx.metadata.get_cookie(dead.address) is None
+        await _read_back(bk, written)
+
+
 async def test_a_bookie_formatted_again_gets_its_copies_back(tmp_path, etcd_uri):
     await _init(etcd_uri)
     procs = [_bookie(tmp_path / f"b{i}", etcd_uri, None) for i in range(3)]
