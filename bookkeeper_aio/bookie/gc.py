@@ -150,9 +150,9 @@ class GarbageCollector:
             mine = self.bookie_id in t.bookies and self.bookie_id not in t.confirmed
             if not mine or (t.ledger_id in held and t.ledger_id not in deleted):
                 continue
-            if await confirm(self.metadata, stone, self.bookie_id) is None:
-                removed += 1
-            confirmed += 1
+            outcome = await confirm(self.metadata, stone, self.bookie_id)
+            removed += outcome == "removed"
+            confirmed += outcome != "gone"
         return confirmed, removed, expired
 
     def _report_orphans(self, orphans: list[int]) -> None:

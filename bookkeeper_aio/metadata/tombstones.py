@@ -29,7 +29,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-from ..errors import IncorrectParameterError, MetadataFormatError
+from ..errors import IncorrectParameterError, MetadataFormatError, MetadataVersionError
 from .model import Versioned
 from .store import MetadataStore, tombstone_key, update_key
 
@@ -111,11 +111,10 @@ async def list_tombstones(store: MetadataStore) -> AsyncIterator[Versioned[Tombs
         yield Versioned(Tombstone.from_json_bytes(stored.value), stored.version)
 
 
-async def confirm(
-    store: MetadataStore, current: Versioned[Tombstone], bookie_id: str
-) -> Versioned[Tombstone] | None:
+async def confirm(store: MetadataStore, current: Versioned[Tombstone], bookie_id: str) -> str:
     """Add ``bookie_id`` to the tombstone's ``confirmed`` by compare-and-swap; remove the
-    tombstone when that completes it. Returns what is stored now (None: removed or gone)."""
+    tombstone when that completes it. Returns ``"confirmed"``, ``"removed"`` (this call
+    completed and removed it) or ``"gone"`` (another bookie or the TTL removed it first)."""
 
     def decode(found: Versioned[bytes] | None) -> Versioned[Tombstone]:
         if found is None:
@@ -129,17 +128,14 @@ async def confirm(
             CAS_ATTEMPTS_MAX, current=current,
         )  # fmt: skip
     except _Gone:
-        return None
+        return "gone"
     if stored.value.complete:
-        await remove(store, stored)
-        return None
-    return stored
+        return "removed" if await remove(store, stored) else "gone"
+    return "confirmed"
 
 
 async def remove(store: MetadataStore, current: Versioned[Tombstone]) -> bool:
     """Delete the tombstone at the version read; False if it moved or went meanwhile."""
-    from ..errors import MetadataVersionError
-
     try:
         return await store.delete(
             tombstone_key(current.value.ledger_id), expected_version=current.version
