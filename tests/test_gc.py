@@ -11,7 +11,7 @@ import pytest
 from bookkeeper_aio.bookie.gc import GarbageCollector
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.engine import LedgerInfo
-from bookkeeper_aio.errors import IncorrectParameterError, MetadataFormatError
+from bookkeeper_aio.errors import ConfigError, IncorrectParameterError, MetadataFormatError
 from bookkeeper_aio.metadata.memory import MemoryMetadataStore
 from bookkeeper_aio.metadata.model import LedgerMetadata
 from bookkeeper_aio.metadata.store import MetadataStore, open_metadata_store
@@ -164,3 +164,11 @@ async def test_cluster_options_keep_unknown_keys(store):
     assert options.require_archival_before_delete and options.extra == {"future_option": 3}
     with pytest.raises(IncorrectParameterError, match="unknown cluster option"):
         await set_cluster_option(store, "no_such_option", True)
+
+
+def test_gc_keys_are_checked():
+    for bad in ({"compaction_live_ratio_min": 1.5}, {"compaction_live_ratio_min": -0.1},
+                {"gc_interval_s": -1.0}, {"tombstone_ttl_s": 0.0}):  # fmt: skip
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            BookieConfig.from_mapping(bad)
+    assert BookieConfig.from_mapping({"gc_interval_s": 0}).gc_interval_s == 0  # on demand only
