@@ -125,11 +125,20 @@ def _live_bytes(engine: FilesEngine, offset_bits: int) -> dict[int, int]:
     live: dict[int, int] = {}
     for ledger in ledgers:
         for slots in list(ledger.chunks.values()):
-            pairs = slots.tolist()
-            for i in range(0, len(pairs), 2):
-                if pairs[i] >= 0:
-                    log_id = pairs[i] >> offset_bits
-                    live[log_id] = live.get(log_id, 0) + HEADER_BYTES + pairs[i + 1]
+            locs, lengths = slots[0::2], slots[1::2]
+            if not locs:
+                continue
+            low, high = min(locs), max(locs)
+            if low >= 0 and low >> offset_bits == high >> offset_bits:
+                # The usual chunk: no holes, one log (builtins over the array: no Python loop)
+                bytes_ = sum(lengths) + HEADER_BYTES * len(locs)
+                live[low >> offset_bits] = live.get(low >> offset_bits, 0) + bytes_
+                continue
+            for loc, length in zip(locs, lengths, strict=True):
+                if loc >= 0:
+                    live[loc >> offset_bits] = (
+                        live.get(loc >> offset_bits, 0) + HEADER_BYTES + length
+                    )
     return live
 
 
