@@ -3,6 +3,7 @@ engine, a clock the test moves): what is deleted, what is kept, who confirms, th
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -21,6 +22,7 @@ from bookkeeper_aio.metadata.tombstones import (
     read_tombstone,
     set_cluster_option,
 )
+from bookkeeper_aio.shell import cluster
 from engines.memory import MemoryEngine
 
 ME, PEER = "127.0.0.1:3181", "127.0.0.1:3182"
@@ -172,3 +174,23 @@ def test_gc_keys_are_checked():
         with pytest.raises(ConfigError, match=next(iter(bad))):
             BookieConfig.from_mapping(bad)
     assert BookieConfig.from_mapping({"gc_interval_s": 0}).gc_interval_s == 0  # on demand only
+
+
+async def test_list_tombstones_shows_who_is_awaited():
+    name = uuid.uuid4().hex
+    uri = f"memory://{name}"
+    try:
+        assert await cluster.list_tombstones(uri, as_json=False) == "no tombstones"
+        async with open_metadata_store(uri) as s:
+            engine = MemoryEngine()
+            lid = await _ledger(s, engine)
+            clock = Clock()
+            await _tombstone(s, lid, clock.ms)
+            gc, _, _ = _collector(s, engine, clock)
+            await gc.collect()  # this bookie confirms; the peer has not
+        line = await cluster.list_tombstones(uri, as_json=False)
+        assert line == f"{lid}\tdeleted_ms={clock.ms}\tconfirmed 1/2\twaiting for {PEER}"
+        doc = json.loads(await cluster.list_tombstones(uri, as_json=True))
+        assert (doc["ledger_id"], doc["confirmed"], doc["bookies"]) == (lid, [ME], [ME, PEER])
+    finally:
+        MemoryMetadataStore.forget(name)
