@@ -106,8 +106,10 @@ class MetadataStore(Protocol):
         ...
 
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
-        """Delete (only at ``expected_version`` when given). Raises NoSuchLedgerError,
-        MetadataVersionError (with ``.current``)."""
+        """Delete (only at ``expected_version`` when given) **without** a tombstone: the raw
+        removal (tests, an operator's repair). Bookies then keep the ledger's data as an
+        orphan; deleting a ledger is ``BookKeeper.delete_ledger`` (``tombstone_ledger``).
+        Raises NoSuchLedgerError, MetadataVersionError (with ``.current``)."""
         ...
 
     async def tombstone_ledger(
