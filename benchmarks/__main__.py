@@ -8,7 +8,8 @@ servers with the same I/O and network: this machine's floor), log (log appends w
 rollovers against plain ledger writes), kafka (aiokafka's producer through the Kafka gateway
 against direct log appends), spark (the Spark sink and source against the client, and the
 commit's cost), rereplication (autorecovery after losing a bookie: copy rate against the
-disk's limit, time back to WQ), all.
+disk's limit, time back to WQ), gc (writes while the bookies delete and compact a previous
+run's ledgers, against the same writes without), all.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import uvloop
 from . import (
     bookie,
     floor,
+    gc,
     hostile,
     journal,
     kafka,
@@ -58,6 +60,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
         rereplication.run_rereplication,
         "autorecovery after a lost bookie: copy MB/s vs the disk, time to WQ",
     ),
+    "gc": (gc, gc.run_gc, "writes while GC frees a previous run's ledgers vs without"),
     "misses": (misses, misses.run_misses, "engines: absent entries next to a large one"),
     "hostile": (hostile, hostile.run_hostile, "a bookie's RSS under clients that never read"),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),

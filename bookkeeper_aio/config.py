@@ -191,7 +191,8 @@ class BookieConfig(AutorecoverySettings):
 
     # 0: the integrity check runs at boot only.
     ZERO_ALLOWED: ClassVar[frozenset[str]] = AutorecoverySettings.ZERO_ALLOWED | {
-        "data_integrity_check_interval_s"
+        "data_integrity_check_interval_s",
+        "gc_interval_s",
     }
 
     # Where it listens and how clients find it.
@@ -268,6 +269,16 @@ class BookieConfig(AutorecoverySettings):
     data_integrity_copies_in_flight_max: int = 64  # entries copied from peers at once
     cookie_auto_fix: bool = False  # a dir lost its cookie: fence, limbo, restamp, repair (BP-46)
 
+    # BP-31 garbage collection (bookie/gc.py, docs/durability.md): a pass every this often
+    # deletes the data of tombstoned ledgers and reclaims the space (0: only on demand).
+    gc_interval_s: float = 300.0
+    # files engine: an entry log whose live fraction falls below this is compacted (its live
+    # records copied forward, then the log dropped); 0 never compacts, 1 compacts any waste.
+    compaction_live_ratio_min: float = 0.5
+    # A tombstone is removed after this long even if a bookie never confirmed it; a bookie
+    # away longer than this keeps every ledger it cannot check (default 7 days).
+    tombstone_ttl_s: float = 7 * 86_400.0
+
     list_entries_max: int = 100_000  # entry ids per LIST_ENTRIES answer
     shutdown_timeout_s: float = 30.0
 
@@ -314,6 +325,10 @@ class BookieConfig(AutorecoverySettings):
             raise ConfigError("autorecovery=true needs metadata_uri (marks and locks live there)")
         if self.connection_long_polls_max > self.long_poll_parked_max:
             raise ConfigError("connection_long_polls_max must be <= long_poll_parked_max")
+        if not 0 <= self.compaction_live_ratio_min <= 1:
+            raise ConfigError(
+                f"compaction_live_ratio_min must be in [0, 1], got {self.compaction_live_ratio_min}"
+            )
 
     @property
     def bookie_id(self) -> str:

@@ -99,6 +99,13 @@ class Engine(Protocol):
     def delete_ledger(self, ledger_id: int) -> None:
         """Remove the ledger's info and all its entries (no-op if absent)."""
 
+    def reclaim_space(self, live_ratio_min: float) -> int:
+        """Give the disk space of deleted ledgers back; return the bytes freed (measured).
+        Crash-safe at every step: a crash loses nothing live and brings nothing deleted back.
+        May run in a worker thread at the same time as the other methods (like ``sync``).
+        ``live_ratio_min``: engines that rewrite files rewrite those whose live fraction fell
+        below it."""
+
     def ledgers(self) -> list[int]:
         """Ids of every ledger with an info or at least one entry, ascending."""
 

@@ -286,6 +286,18 @@ class IllegalLedgerTransitionError(IncorrectParameterError):
     """A metadata change the ledger state machine forbids (e.g. changing a CLOSED ledger)."""
 
 
+class LedgerNotArchivedError(BookKeeperError):
+    """The cluster requires archival before delete (``cluster-config
+    require-archival-before-delete true``) and the ledger's archival bit is not set: nothing
+    was changed (BP-31 "Archival bit")."""
+
+    code = -26  # no BookKeeper equivalent: a refusal of this project
+
+
+class LedgerOfLogError(IncorrectParameterError):
+    """The ledger belongs to a log: delete or truncate the log instead (docs/logs.md)."""
+
+
 # --- logs (bookkeeper_aio/logs, docs/logs.md) -------------------------------------------
 
 

@@ -116,9 +116,13 @@ class ShardedEngine:
         self._shard(ledger_id).put_ledger(ledger_id, info)
 
     def delete_ledger(self, ledger_id: int) -> None:
-        shard = self._where.pop(ledger_id, None)
-        if shard is not None:
+        shard = self._where.get(ledger_id)
+        if shard is not None:  # forgotten only once deleted: a failed dir keeps it held
             shard.delete_ledger(ledger_id)
+            del self._where[ledger_id]
+
+    def reclaim_space(self, live_ratio_min: float) -> int:
+        return sum(shard.reclaim_space(live_ratio_min) for shard in self.shards)
 
     def ledgers(self) -> list[int]:
         return sorted(self._where)

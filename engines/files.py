@@ -25,8 +25,9 @@ it names. Opening loads the newest valid snapshot and replays the logs from its 
 record at the tail of the newest log is a write torn by a crash and is truncated away; a bad
 record anywhere else is corruption and opening fails. The byte layouts are in docs/engines.md.
 
-Space is not reclaimed: log files of deleted ledgers stay until a garbage collector exists (it
-would need to copy live records forward and keep tombstones until the older logs are gone).
+Space comes back through ``reclaim_space`` (the bookie's garbage collector): entry logs whose
+live fraction fell below a ratio are compacted — live records copied forward, the log dropped
+(``files_compaction.py``, crash-safe at every step).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ import msgpack
 from xxhash import xxh3_64, xxh3_64_intdigest
 
 from bookkeeper_aio.engine import LedgerInfo, Record
+
+from .files_compaction import LogSummary, reclaim
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +183,12 @@ class FilesEngine:
         self._syncs = 0
         self._failure: OSError | None = None  # a failed write or fdatasync poisons the engine
         self._closed = False
+        # Compaction (files_compaction.py): per-log summaries (logs never change), descriptors
+        # of dropped logs (closed a pass later), counters.
+        self._summaries: dict[int, LogSummary] = {}
+        self._retired_fds: list[int] = []
+        self._compaction = {"logs_compacted": 0, "logs_deferred": 0, "bytes_copied": 0,
+                            "bytes_freed": 0}  # fmt: skip
         try:
             self._recover()
         except BaseException:
@@ -210,6 +219,12 @@ class FilesEngine:
         with self._lock:
             self._append(head, SUM.pack(xxh3_64_intdigest(head + data)), data)
             self._ledgers.setdefault(ledger_id, _Ledger()).info = info
+
+    def _append_info(self, ledger_id: int, info: LedgerInfo) -> None:
+        """Append the ledger's info again, the index unchanged. Caller holds ``_lock``."""
+        data = info.to_bytes()
+        head = HEAD.pack(MAGIC, LEDGER_INFO, len(data), ledger_id, 0)
+        self._append(head, SUM.pack(xxh3_64_intdigest(head + data)), data)
 
     def delete_ledger(self, ledger_id: int) -> None:
         if ledger_id not in self._ledgers:
@@ -306,12 +321,10 @@ class FilesEngine:
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         ledger = self._ledgers.get(ledger_id)
-        where = ledger.get(entry_id) if ledger is not None else None
-        if where is None:
+        found = self._read_record(ledger, entry_id) if ledger is not None else None
+        if found is None:
             return None
-        loc, length = where
-        log_id, pos = loc >> OFFSET_BITS, loc & _OFFSET_MASK
-        raw = self._read_record(log_id, pos, HEADER_BYTES + length)
+        raw, log_id, pos, length = found
         parsed = _parse(raw, 0, len(raw))
         if parsed is None or parsed != (ENTRY, ledger_id, entry_id, length):
             raise LogCorruptError(
@@ -319,14 +332,23 @@ class FilesEngine:
             )
         return raw[HEADER_BYTES:]
 
-    def _read_record(self, log_id: int, pos: int, size: int) -> bytes:
+    def _read_record(self, ledger: _Ledger, entry_id: int) -> tuple[bytes, int, int, int] | None:
+        """(record bytes, log id, offset, data length) of an entry, or None. The location is
+        looked up under the lock: a compaction (files_compaction.py) moves it under the lock,
+        and closes a dropped log's descriptor only a pass later."""
         with self._lock:
             assert not self._closed, "engine is closed"
+            where = ledger.get(entry_id)
+            if where is None:
+                return None
+            loc, length = where
+            log_id, pos, size = loc >> OFFSET_BITS, loc & _OFFSET_MASK, HEADER_BYTES + length
             if log_id == self._log_id and pos >= self._flushed:
                 start = pos - self._flushed
-                return bytes(self._buf[start : start + size])
+                return bytes(self._buf[start : start + size]), log_id, pos, length
             fd = self._read_fd(log_id)
-        return os.pread(fd, size, pos)  # flushed bytes never change: read outside the lock
+        # flushed bytes never change: read outside the lock
+        return os.pread(fd, size, pos), log_id, pos, length
 
     def _read_fd(self, log_id: int) -> int:
         fd = self._fds.get(log_id)
@@ -358,7 +380,30 @@ class FilesEngine:
             "ledgers": len(self._ledgers),
             "bytes_since_snapshot": self._since_snapshot,
             "syncs": self._syncs,
+            **self._compaction,
         }
+
+    # ----- space
+
+    def reclaim_space(self, live_ratio_min: float) -> int:
+        """Compact the entry logs whose live fraction is below ``live_ratio_min``; the bytes
+        of the logs dropped (``files_compaction.py``)."""
+        with self._sync_lock:
+            return reclaim(self, live_ratio_min, self._compaction_step)
+
+    def _compaction_step(self, name: str) -> None:
+        """Called between the steps of a compaction (tests crash there)."""
+
+    def _log_sizes(self) -> dict[int, int]:
+        """Every log's size: on disk, and the current one's end (buffer included)."""
+        sizes = {}
+        for name in os.listdir(self.directory):
+            m = _LOG_NAME.fullmatch(name)
+            if m:
+                sizes[int(m[1], 16)] = os.stat(os.path.join(self.directory, name)).st_size
+        with self._lock:
+            sizes[self._log_id] = self._log_end
+        return sizes
 
     # ----- durability
 
@@ -366,7 +411,7 @@ class FilesEngine:
         with self._sync_lock:
             self._sync(force_snapshot=False)
 
-    def _sync(self, *, force_snapshot: bool) -> None:
+    def _sync(self, *, force_snapshot: bool, snapshot_always: bool = False) -> None:
         if not force_snapshot:  # close() does not roll: the next open appends where it was
             self._roll_if_full()
         snapshot = None
@@ -378,7 +423,7 @@ class FilesEngine:
             self._dirty.clear()
             dir_dirty, self._dir_dirty = self._dir_dirty, False
             due = self._since_snapshot >= self._snapshot_interval
-            if due or (force_snapshot and self._since_snapshot > 0):
+            if due or snapshot_always or (force_snapshot and self._since_snapshot > 0):
                 snapshot = self._capture()  # its shape only: the chunks are copy-on-write
                 self._since_snapshot = 0
         try:
@@ -407,9 +452,10 @@ class FilesEngine:
             self._close_files()
 
     def _close_files(self) -> None:
-        for fd in self._fds.values():
+        for fd in [*self._fds.values(), *self._retired_fds]:
             os.close(fd)
         self._fds.clear()
+        self._retired_fds.clear()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the only descriptor releases the flock
             self._lock_fd = None

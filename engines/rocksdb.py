@@ -170,6 +170,7 @@ class RocksDBEngine:
         self._singles: set[int] = set()  # ledgers with entry keys
         self._batched: set[int] = set()  # ledgers with batch keys
         self._last: dict[int, int] = {}  # cache; absent means "ask the db"
+        self._deleted: set[int] = set()  # ledgers whose ranges reclaim_space compacts next
         # Batches parsed by reads, newest last: (ledger, first id) -> batch; within the bound.
         self._parsed: OrderedDict[tuple[int, int], _Batch] = OrderedDict()
         self._parsed_bytes = 0
@@ -313,6 +314,7 @@ class RocksDBEngine:
             batch.delete_range(start, start + b"\xff" * 17, self._batches_cf)
             batch.delete(info_key(ledger_id), self._infos_cf)
             self._write_staged()
+        self._deleted.add(ledger_id)
         self._infos.pop(ledger_id, None)
         self._singles.discard(ledger_id)
         self._batched.discard(ledger_id)
@@ -420,6 +422,28 @@ class RocksDBEngine:
             "syncs": self._syncs,
         }
 
+    # ----- space
+
+    def reclaim_space(self, live_ratio_min: float) -> int:
+        """Compact the key ranges of the ledgers deleted since the last call: the range
+        deletes then drop their keys (and blob files whose every entry is gone), and the SSTs
+        are rewritten without them. Returns the SST and blob bytes freed (RocksDB's figures
+        before and after). A crash at any point leaves RocksDB's own consistent state: the
+        range deletes were written (and synced by the bookie) before."""
+        with self._lock:
+            deleted, self._deleted = sorted(self._deleted), set()
+        if not deleted:
+            return 0
+        with self._sync_lock:  # close() waits for it
+            db, batches = self._db, self._batches_db
+            assert db is not None and batches is not None, "engine is closed"
+            before = _stored_bytes(db, batches)
+            for ledger_id in deleted:
+                for space, family in ((b"e", db), (b"b", db), (b"b", batches)):
+                    start = _LEDGER_KEY.pack(space, ledger_id)
+                    family.compact_range(start, start + b"\xff" * 17)
+            return max(0, before - _stored_bytes(db, batches))
+
     # ----- durability
 
     def sync(self) -> None:
@@ -456,6 +480,15 @@ class RocksDBEngine:
             if db is not None:
                 db.close()
             del db
+
+
+def _stored_bytes(*families: Rdict) -> int:
+    """SST and blob file bytes of the column families (RocksDB's own accounting)."""
+    total = 0
+    for family in families:
+        for name in ("rocksdb.total-sst-files-size", "rocksdb.total-blob-file-size"):
+            total += family.property_int_value(name) or 0
+    return total
 
 
 def _open_db(directory: str, memtable_bytes: int, direct_io: bool, blob_files: bool) -> Rdict:

@@ -116,6 +116,18 @@ def test_log(tmp_path, cluster):
     assert {"rollover_p99_ms", "steady_p99_ms", "segment_bytes_max"} <= set(result)
 
 
+@pytest.mark.parametrize("engine", ["rocksdb", "files"])
+def test_gc(tmp_path, engine):
+    result = run_benchmark(
+        tmp_path, "gc", *TINY, "--outstanding", "20", "--fill-mb", "8", "--fill-ledgers", "4",
+        "--gc-interval", "0.3", "--engine", engine, "--dir", str(tmp_path),
+        timeout_s=180,
+    )  # fmt: skip
+    assert result["without_gc"]["entries_per_s"] > 0 and result["ratio_vs_without_gc"] > 0
+    assert result["space_back_s"] is not None  # the fill's space came back
+    assert result["ledger_dirs_bytes_after"] < result["ledger_dirs_bytes_before"]
+
+
 def test_bookie(tmp_path):
     result = run_benchmark(
         tmp_path, "bookie", "--duration", "0.5", "--warmup", "0.2", "--sequential", "50",

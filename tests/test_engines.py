@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -27,6 +28,7 @@ from hypothesis import strategies as st
 import engines
 from bookkeeper_aio.engine import Engine, LedgerInfo
 from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
+from engines import files_compaction
 from engines.files import FilesEngine, LogCorruptError
 from engines.memory import MemoryDisk, MemoryEngine
 from engines.rocksdb import BATCHES_CF, INFOS_CF, RocksDBEngine
@@ -489,6 +491,139 @@ def test_delete_then_recreate_in_one_batch(store: Store) -> None:
     assert (e.get_entry(5, 0), e.get_entry(5, 1), e.last_entry_id(5)) == (None, b"new", 1)
     e = store.reopen(e)
     assert (e.get_entry(5, 0), e.get_entry(5, 1), e.list_entries(5, 0, 9)) == (None, b"new", [1])
+
+
+# ----- reclaiming the space of deleted ledgers (the bookie's GC)
+
+# What a GC workload leaves: {ledger: {entry: record}} and infos; absent ledgers are deleted.
+GcModel = dict[int, dict[int, bytes]]
+
+
+def gc_workload(e: Engine, syncs: bool = True) -> tuple[GcModel, dict[int, LedgerInfo]]:
+    """Ledgers written across several files-engine logs (1 MiB each), some deleted, one
+    re-created, entries overwritten, an info changed (tests/test_engines.py's GC tests)."""
+    live: GcModel = {}
+
+    def put(lid: int, ids: range, size: int, version: int = 0) -> None:
+        for i in ids:
+            live.setdefault(lid, {})[i] = data(lid, i, size, version)
+            e.put_entry(lid, i, live[lid][i])
+
+    def delete(lid: int) -> None:
+        e.delete_ledger(lid)
+        live.pop(lid, None)
+
+    infos = {lid: LedgerInfo(master_key=b"k%d" % lid) for lid in (1, 2, 3, 10)}
+    for lid, info in infos.items():
+        e.put_ledger(lid, info)
+    put(10, range(450), 2000)  # log 0: mostly ledger 10, which stays
+    put(1, range(75), 2000)
+    e.sync()
+    put(2, range(550), 2000)  # log 1: ledger 2 (deleted later) and the delete of ledger 1
+    delete(1)
+    e.sync()
+    put(7, range(500), 2000)  # log 2: ledger 7 deleted in it; ledger 3 kept, rewritten, fenced
+    put(3, range(50), 2000)
+    delete(7)
+    put(3, range(10), 500, version=1)
+    infos[3] = LedgerInfo(master_key=b"k3", fenced=True)
+    e.put_ledger(3, infos[3])
+    e.sync()
+    delete(2)  # log 3 (the current one): ledger 2 deleted and re-created; ledger 4 new
+    put(2, range(3, 6), 100, version=2)
+    put(4, range(20), 100)
+    e.sync()
+    del infos[1], infos[2]
+    return live, infos
+
+
+def check_gc_model(e: Engine, live: GcModel, infos: dict[int, LedgerInfo], where: str = "") -> None:
+    assert e.ledgers() == sorted(live), where
+    for lid in (1, 7):
+        assert (e.get_entry(lid, 0), e.get_ledger(lid), e.last_entry_id(lid)) == (None, None, -1)
+    for lid, entries in live.items():
+        assert e.list_entries(lid, 0, 10_000) == sorted(entries), (where, lid)
+        assert all(e.get_entry(lid, i) == r for i, r in entries.items()), (where, lid)
+        assert e.get_ledger(lid) == infos.get(lid), (where, lid)
+
+
+GC_CHILD = """
+import os, signal, sys
+from tests.test_engines import gc_workload, open_kind
+e = open_kind(sys.argv[1], sys.argv[2])
+gc_workload(e)
+print(e.reclaim_space(1.0), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_reclaim_space_keeps_the_live_and_drops_the_deleted(store: Store) -> None:
+    """The contract: after reclaim_space and a crash (kill -9 right after it), everything
+    live is there byte for byte and nothing deleted came back."""
+    if store.kind == "memory":
+        e = store.open()
+        live, infos = gc_workload(e)
+        freed = e.reclaim_space(1.0)
+    else:
+        child = subprocess.run([sys.executable, "-c", GC_CHILD, store.kind, store.path],
+                               cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert child.returncode == -signal.SIGKILL, child.stderr
+        freed = int(child.stdout)
+        live, infos = gc_workload(MemoryEngine())  # the same model
+    assert freed >= 0 and (store.kind != "files" or freed > MiB)
+    e = store.open()
+    check_gc_model(e, live, infos)
+    assert e.reclaim_space(1.0) >= 0  # again: nothing more, nothing lost
+    e = store.reopen(e)
+    check_gc_model(e, live, infos)
+
+
+def test_files_compaction_crashing_at_any_step_loses_nothing_and_resurrects_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy of the dir at every step of two compactions is what a kill -9 there leaves;
+    each opens to exactly the model, also with every snapshot lost (a full replay of the
+    logs, where a dropped log's deletes would be missed if the rule were broken)."""
+    monkeypatch.setattr(files_compaction, "COPY_BATCH_RECORDS", 64)  # steps within a log
+    path = tmp_path / "ledgers"
+    e = open_kind("files", str(path))
+    assert isinstance(e, FilesEngine)
+    live, infos = gc_workload(e)
+    assert len(_logs(str(path))) == 4
+    crashes: list[tuple[str, Path]] = []
+
+    def crash_here(name: str) -> None:
+        copy = tmp_path / f"crash-{len(crashes)}"
+        shutil.copytree(path, copy)
+        crashes.append((name, copy))
+
+    e._compaction_step = crash_here  # type: ignore[method-assign]
+    e.reclaim_space(0.5)  # log 2 compacted; log 1 waits: log 0 holds ledger 1, deleted in it
+    stats = e.statistics()
+    assert (stats["logs_compacted"], stats["logs_deferred"]) == (1, 1)
+    assert [p.name for p in _logs(str(path))] == [
+        "entrylog-00000000.log", "entrylog-00000001.log", "entrylog-00000003.log"
+    ]  # fmt: skip
+    check_gc_model(e, live, infos)
+    e.reclaim_space(0.9)  # log 0 compacted (86 % live), then log 1 may go
+    assert e.statistics()["logs_compacted"] == 3 and len(_logs(str(path))) == 1
+    check_gc_model(e, live, infos)
+    e.close()
+    names = [name for name, _ in crashes]
+    assert "snapshot written" in names and "log 2 dropped" in names and "log 1 dropped" in names
+    assert names.count("copying log 0") >= 5
+    for name, copy in crashes:
+        for lose_snapshots in (False, True):
+            if lose_snapshots:
+                for snapshot in _snapshots(str(copy)):
+                    snapshot.unlink()
+            reopened = FilesEngine(str(copy))
+            check_gc_model(reopened, live, infos, f"crash at {name!r}, snapshots lost: "
+                           f"{lose_snapshots}")  # fmt: skip
+            reopened.close()
+    e = FilesEngine(str(path))
+    check_gc_model(e, live, infos)
+    e.close()
 
 
 # ----- durability

@@ -36,6 +36,7 @@ from bookkeeper_aio.metadata import (
 )
 from bookkeeper_aio.metadata.memory import MemoryFaults, MemoryMetadataStore
 from bookkeeper_aio.metadata.model import MAX_LEDGER_ID
+from bookkeeper_aio.metadata.store import tombstone_key
 
 ENSEMBLE = ("b1:1", "b2:2", "b3:3")
 CONFIG = MetadataConfig(lease_ttl_s=1, keepalive_interval_s=0.25, list_page_max=2)
@@ -123,6 +124,37 @@ async def test_delete_with_version_and_listing_in_pages(uri):
             await store.read_ledger(victim.value.ledger_id)
         gone = {victim.value.ledger_id, ledgers[1].value.ledger_id}
         assert [i async for i in store.list_ledgers()] == [i for i in ids if i not in gone]
+
+
+async def test_tombstone_replaces_the_ledger_at_its_version_and_blocks_its_id(uri):
+    async with open_metadata_store(uri, CONFIG) as store:
+        a = await store.create_ledger(make("token-t"))
+        lid = a.value.ledger_id
+        moved = await store.write_ledger(lid, add_segment(a), a.version)
+        with pytest.raises(MetadataVersionError) as conflict:
+            await store.tombstone_ledger(lid, a.version, b'{"t": 1}')
+        assert conflict.value.current == moved
+        assert await store.get(tombstone_key(lid)) is None  # nothing changed
+        stone = await store.tombstone_ledger(lid, moved.version, b'{"t": 1}')
+        assert stone.value == b'{"t": 1}' and stone.version > moved.version
+        assert await store.get(tombstone_key(lid)) == stone
+        with pytest.raises(NoSuchLedgerError):
+            await store.read_ledger(lid)
+        assert lid not in [i async for i in store.list_ledgers()]
+        with pytest.raises(NoSuchLedgerError):  # a second delete
+            await store.tombstone_ledger(lid, stone.version, b'{"t": 2}')
+        # The creator token went with the ledger: the same token creates a new ledger.
+        b = await store.create_ledger(make("token-t"))
+        assert b.value.ledger_id != lid
+
+
+async def test_a_create_never_draws_a_tombstoned_id(uri):
+    async with open_metadata_store(uri, CONFIG, rng=random.Random(7)) as store:
+        first = random.Random(7).randint(1, MAX_LEDGER_ID)  # the id the store draws first
+        stone = await store.put(tombstone_key(first), b"{}")
+        created = await store.create_ledger(make("token-draw"))  # no token drawn from the rng
+        assert created.value.ledger_id != first
+        assert await store.get(tombstone_key(first)) == stone
 
 
 async def test_bad_inputs_are_clear_errors(uri):

@@ -93,6 +93,11 @@ class DirShard:
     def ledgers(self) -> list[int]:
         return self._call(self.engine.ledgers)
 
+    def reclaim_space(self, live_ratio_min: float) -> int:
+        if self.failed is not None:
+            return 0  # out of service: its data is being re-replicated, never rewritten
+        return self._call(self.engine.reclaim_space, live_ratio_min)
+
     def sync(self) -> None:
         if self.failed is None:
             try:

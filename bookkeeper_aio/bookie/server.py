@@ -7,10 +7,11 @@ start a new journal file, then checkpoint once so the replayed state is synced a
 journal files go away. Only then does the bookie listen, so no client ever sees a state that a
 replay would still change.
 
-Serving: connections (``connection.py``) feed the :class:`RequestHandler`. Two owned
-background loops run beside them: the checkpoint loop (sync the engine, trim the journal) and
-the disk monitor (read-only mode when a ledger dir fills up). When the journal's queue is full
-every connection stops reading until it drains: backpressure instead of memory growth.
+Serving: connections (``connection.py``) feed the :class:`RequestHandler`. Owned background
+loops run beside them: the checkpoint loop (sync the engine, trim the journal), the disk
+monitor (read-only mode when a ledger dir fills up) and, with a metadata store, the garbage
+collector (``gc.py``: deletes tombstoned ledgers, reclaims their space). When the journal's
+queue is full every connection stops reading until it drains: backpressure, not memory growth.
 
 Shutdown (SIGTERM/SIGINT in ``__main__``, or :meth:`Bookie.stop`): stop accepting, stop reading,
 checkpoint (the engine holds everything), drain the journal so every pending reply goes out,
@@ -27,8 +28,9 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections import Counter
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from ..config import BookieConfig, MetadataConfig
@@ -38,6 +40,7 @@ from ..net import Network, Server, TcpNetwork
 from .connection import BookieConnection
 from .cookie import CookieCheck
 from .disk import next_read_only
+from .gc import GarbageCollector
 from .handler import RequestHandler
 from .integrity import BOOKIE_BUGS, DataIntegrity
 from .ledger_dirs import LedgerDirs
@@ -59,9 +62,12 @@ class Bookie:
         metadata: MetadataStore | None = None,
         rng: random.Random | None = None,
         bugs: frozenset[str] = frozenset(),
+        wall_clock_ms: Callable[[], int] | None = None,
     ) -> None:
         """``network``, ``storage`` and ``metadata`` are seams (the simulator passes its own);
-        by default TCP, the configured dirs (with ``engine`` if given) and ``metadata_uri``."""
+        by default TCP, the configured dirs (with ``engine`` if given) and ``metadata_uri``.
+        ``wall_clock_ms``: the garbage collector's clock for tombstone TTLs (the simulator's
+        is virtual)."""
         config.validate()
         self.config = config
         self.network = network or TcpNetwork()
@@ -86,6 +92,9 @@ class Bookie:
         self.instance_id: str | None = None
         self._registration: BookieRegistration | None = None
         self.autorecovery: Any = None  # BP-31 --autorecovery: the in-process service
+        self.gc: GarbageCollector | None = None
+        self._wall_clock_ms = wall_clock_ms or (lambda: int(time.time() * 1000))
+        self._gc_lock = asyncio.Lock()  # one pass at a time (the loop and on-demand passes)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -149,6 +158,16 @@ class Bookie:
             self._background(self._checkpoint_loop(), "bookie-checkpoint"),
             self._background(self._disk_loop(), "bookie-disk-monitor"),
         ]
+        if self.metadata is not None:
+            self.gc = GarbageCollector(
+                cfg, self._engine, self.metadata,
+                incarnation=cookies.incarnation if cookies is not None else "",
+                forget=self.handler.forget, checkpoint=self._gc_checkpoint,
+                reclaim=lambda ratio: self.storage.reclaim_space(self.engine, ratio),
+                wall_clock_ms=self._wall_clock_ms,
+            )  # fmt: skip
+            if cfg.gc_interval_s > 0:
+                self._tasks.append(self._background(self._gc_loop(), "bookie-gc"))
         if cfg.autorecovery and self.metadata is not None:
             from ..autorecovery.service import in_bookie  # an optional part of the bookie
 
@@ -232,6 +251,34 @@ class Bookie:
             except Exception as exc:
                 self._fatal(exc)
                 return
+
+    async def collect_garbage(self) -> dict[str, object]:
+        """Run one garbage-collection pass now (``gc.py``) and return its figures (JSON-able):
+        ledgers deleted, bytes freed, orphans, tombstones confirmed, removed and expired.
+
+        Raises:
+            RuntimeError: the bookie runs without a metadata store (nothing to check against).
+            MetadataUnavailableError: the store could not be reached (nothing was deleted
+                unless it failed after the listing; the next pass goes on).
+        """
+        if self.gc is None:
+            raise RuntimeError("garbage collection needs a metadata store (metadata_uri)")
+        async with self._gc_lock:
+            return await self.gc.collect()
+
+    async def _gc_checkpoint(self) -> None:
+        assert self._journal is not None
+        await self._journal.checkpoint(self.engine.sync)
+
+    async def _gc_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.gc_interval_s)
+            try:
+                await self.collect_garbage()
+            except OSError as exc:  # a checkpoint that failed is the checkpoint loop's business
+                log.error("gc pass failed: %s", exc)
+            except Exception:  # the store unreachable, say: the next pass tries again
+                log.exception("gc pass failed")
 
     async def _disk_loop(self) -> None:
         while True:
@@ -396,4 +443,5 @@ class Bookie:
             "autorecovery": self.autorecovery.statistics() if self.autorecovery else {},
             "ledger_dirs": self._engine.statistics() if isinstance(self._engine, LedgerDirs)
             else {},
+            "gc": self.gc.statistics() if self.gc else {},
         }  # fmt: skip

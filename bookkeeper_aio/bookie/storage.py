@@ -71,6 +71,10 @@ class BookieStorage(Protocol):
 
     async def close_engine(self, engine: Engine) -> None: ...
 
+    async def reclaim_space(self, engine: Engine, live_ratio_min: float) -> int:
+        """The engine's ``reclaim_space`` where blocking belongs; the bytes freed."""
+        ...
+
     async def unclean_shutdown(self) -> bool:
         """Did the last run end without a clean shutdown (a marker was left behind)?"""
         ...
@@ -124,6 +128,9 @@ class DiskStorage:
 
     async def close_engine(self, engine: Engine) -> None:
         await asyncio.to_thread(engine.close)
+
+    async def reclaim_space(self, engine: Engine, live_ratio_min: float) -> int:
+        return await asyncio.to_thread(engine.reclaim_space, live_ratio_min)
 
     async def unclean_shutdown(self) -> bool:
         return any((Path(d) / DIRTY_FILE).exists() for d in self.config.ledger_dirs)

@@ -22,11 +22,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from ..config import ClientConfig, MetadataConfig
 from ..digest import master_key
 from ..errors import UnauthorizedError
-from ..logs.api import LogInfo, LogReader, LogRecord, Logs, LogWriter
+from ..logs.api import LOG_TAG, LogInfo, LogReader, LogRecord, Logs, LogWriter
 from ..logs.options import LogOptions, check_name
 from ..metadata.model import LedgerMetadata, password_hash, validate_quorums
 from ..metadata.store import open_metadata_store
 from ..net import Network, TcpNetwork
+from . import deletion
 from .bookie_client import BookiePool
 from .context import ClientContext
 from .placement import PlacementPolicy
@@ -137,13 +138,32 @@ class BookKeeper:
             await reader.read_last_add_confirmed()
         return reader
 
-    async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete the ledger's metadata; bookies drop its entries when they garbage-collect.
+    async def delete_ledger(self, ledger_id: int, *, owner_log: str | None = None) -> None:
+        """Delete a ledger: the one delete path (``client/deletion.py``). Its metadata becomes
+        a tombstone by compare-and-swap; each bookie's garbage collector then deletes its data
+        (docs/durability.md, "Deleting"). ``owner_log``: only logs pass it, for their own
+        ledgers (truncation, retention, delete).
+
+        Raises:
+            NoSuchLedgerError: no such ledger (the message says if it was deleted before).
+            LedgerOfLogError: the ledger belongs to a log: delete or truncate the log.
+            LedgerNotArchivedError: the cluster requires archival and it is not archived.
+        """
+        await deletion.delete_ledger(
+            self.ctx.metadata, ledger_id, log_tag=LOG_TAG, owner_log=owner_log,
+            now_ms=lambda: int(time.time() * 1000),  # the tombstone's time, for its TTL
+        )  # fmt: skip
+
+    async def mark_archived(self, ledger_id: int) -> None:
+        """Set the ledger's archival bit (a backup application, once it has copied the
+        ledger); with the cluster's ``require-archival-before-delete`` only archived ledgers
+        can be deleted.
 
         Raises:
             NoSuchLedgerError: no such ledger.
+            IncorrectParameterError: the ledger is not closed.
         """
-        await self.ctx.metadata.delete_ledger(ledger_id)
+        await deletion.mark_archived(self.ctx.metadata, ledger_id)
 
     async def list_ledgers(self) -> list[int]:
         """Every ledger id in the cluster."""

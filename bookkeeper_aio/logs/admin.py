@@ -137,7 +137,7 @@ async def empty_trash(logs: Logs, name: str) -> int:
     gone = []
     for ledger_id in md.trash:
         try:
-            await logs.bk.delete_ledger(ledger_id)
+            await logs.bk.delete_ledger(ledger_id, owner_log=name)
         except NoSuchLedgerError:
             pass  # deleted by an earlier attempt
         gone.append(ledger_id)

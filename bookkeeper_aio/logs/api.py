@@ -89,7 +89,8 @@ class Logs:
         try:
             await ledger.close()
             if not isinstance(why, MetadataUnavailableError | TimeoutError | CancelledError):
-                await self.bk.delete_ledger(ledger.ledger_id)
+                owner = ledger.metadata.custom_metadata.get(self.tag, b"").decode()
+                await self.bk.delete_ledger(ledger.ledger_id, owner_log=owner)
         except BookKeeperError:
             pass
 

@@ -38,9 +38,11 @@ from .store import (
     bookie_info_to_json,
     check_bookie_id,
     check_cookie,
+    check_value,
     encode_ledger,
     new_instance_id,
     no_such_ledger,
+    tombstone_key,
     with_creator_token,
 )
 
@@ -133,9 +135,15 @@ class EtcdMetadataStore(EtcdKeys):
             ledger_id = self.rng.randint(1, MAX_LEDGER_ID)
             metadata = make(ledger_id)
             key, data = self._ledger_key(ledger_id), encode_ledger(metadata, self.config)
+            tombstone = self._key(tombstone_key(ledger_id))
             ok, responses, _ = await self._txn(
                 f"create ledger {ledger_id}",
-                compare=[tx.Create(key) == 0, tx.Create(creator_key) == 0],
+                # A tombstoned id is never reused: its bookies' collectors may delete its data.
+                compare=[
+                    tx.Create(key) == 0,
+                    tx.Create(creator_key) == 0,
+                    tx.Create(tombstone) == 0,
+                ],
                 success=[tx.Put(key, data), tx.Put(creator_key, str(ledger_id).encode())],
                 failure=[tx.Get(creator_key)],
             )
@@ -204,6 +212,37 @@ class EtcdMetadataStore(EtcdKeys):
                 raise no_such_ledger(ledger_id)
             current = Versioned(LedgerMetadata.from_json_bytes(found.value), found.mod_revision)
         raise MetadataVersionError(f"ledger {ledger_id}: kept changing while deleting")
+
+    async def tombstone_ledger(
+        self, ledger_id: int, expected_version: int, tombstone: bytes
+    ) -> Versioned[bytes]:
+        check_value(tombstone_key(ledger_id), tombstone, self.config)
+        key, stone_key = self._ledger_key(ledger_id), self._key(tombstone_key(ledger_id))
+        current = await self.read_ledger(ledger_id)
+        if current.version != expected_version:
+            self.conn.counters["conflicts"] += 1
+            raise MetadataVersionError(f"ledger {ledger_id} changed", current=current)
+        creator_key = self._key("creators", current.value.creator_token)
+        ok, responses, attempts = await self._txn(
+            f"tombstone ledger {ledger_id}",
+            compare=[tx.Mod(key) == expected_version],
+            success=[tx.Put(stone_key, tombstone), tx.Delete(key), tx.Delete(creator_key)],
+            failure=[tx.Get(key)],
+        )
+        if ok:
+            return Versioned(tombstone, _put_revision(responses))
+        found = _got(responses)
+        if found is None:
+            if attempts > 1:  # a lost reply: did our own first attempt land?
+                stone = await self.conn.call(lambda c: c.get(stone_key), "read tombstone")
+                if stone is not None and stone.value == tombstone:
+                    return Versioned(tombstone, stone.mod_revision)
+            raise no_such_ledger(ledger_id)
+        self.conn.counters["conflicts"] += 1
+        raise MetadataVersionError(
+            f"ledger {ledger_id}: version {expected_version} is stale",
+            current=Versioned(LedgerMetadata.from_json_bytes(found.value), found.mod_revision),
+        )
 
     async def list_ledgers(self) -> AsyncIterator[int]:
         prefix = self._key("ledgers", "")

@@ -36,10 +36,12 @@ from .registration import BookieInfo, BookieRegistration
 from .store import (
     check_bookie_id,
     check_cookie,
+    check_value,
     encode_ledger,
     new_instance_id,
     no_such_ledger,
     offer,
+    tombstone_key,
     with_creator_token,
 )
 
@@ -259,7 +261,8 @@ class MemoryMetadataStore(MemoryKeys):
             self._after()
             return await self.read_ledger(existing)
         ledger_id = self.rng.randint(1, MAX_LEDGER_ID)
-        while ledger_id in self.state.ledgers:
+        # A tombstoned id is never reused: its bookies' collectors may delete its data.
+        while ledger_id in self.state.ledgers or self.state.keys.get(tombstone_key(ledger_id)):
             ledger_id = self.rng.randint(1, MAX_LEDGER_ID)
         versioned = self._store(ledger_id, encode_ledger(make(ledger_id), self.config))
         self.state.creators[token] = ledger_id
@@ -304,6 +307,27 @@ class MemoryMetadataStore(MemoryKeys):
         self.state.bump()
         self.state.notify_ledger(ledger_id, None)
         self._after()
+
+    async def tombstone_ledger(
+        self, ledger_id: int, expected_version: int, tombstone: bytes
+    ) -> Versioned[bytes]:
+        await self._before()
+        check_value(tombstone_key(ledger_id), tombstone, self.config)
+        current = self._stored(ledger_id)
+        if current is None:
+            raise no_such_ledger(ledger_id)
+        if current.version != expected_version:
+            self.counters["conflicts"] += 1
+            raise MetadataVersionError(f"ledger {ledger_id} changed", current=current)
+        del self.state.ledgers[ledger_id]
+        if self.state.creators.get(current.value.creator_token) == ledger_id:
+            del self.state.creators[current.value.creator_token]
+        key = tombstone_key(ledger_id)
+        self._delete(key)  # a stale one (removed later by its TTL) never stays under a lease
+        stored = self.state.keys.set(key, bytes(tombstone), self.state.bump(), 0)
+        self.state.notify_ledger(ledger_id, None)
+        self._after()
+        return stored
 
     async def list_ledgers(self) -> AsyncIterator[int]:
         cursor = 0

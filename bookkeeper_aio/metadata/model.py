@@ -134,6 +134,9 @@ class LedgerMetadata:
     # The master key (hex) so that autorecovery can fence and recovery-add copies without the
     # password, as BookKeeper keeps the password in its metadata; "" for older ledgers.
     master_key: str = ""
+    # BP-31's archival bit: set by a backup application once it has copied the ledger; with
+    # the cluster option require_archival_before_delete, only archived ledgers may be deleted.
+    archived: bool = False
 
     def __post_init__(self) -> None:
         if type(self.ledger_id) is not int or not 0 <= self.ledger_id <= MAX_LEDGER_ID:
@@ -240,6 +243,19 @@ class LedgerMetadata:
         segments = list(self.ensembles)
         segments[position] = (first_entry_id, tuple(ensemble))
         return dataclasses.replace(self, ensembles=tuple(segments))
+
+    def marked_archived(self) -> LedgerMetadata:
+        """With the archival bit set (the state is unchanged).
+
+        Raises:
+            IncorrectParameterError: the ledger is not CLOSED (its end is not known yet).
+        """
+        if not self.is_closed:
+            raise IncorrectParameterError(
+                f"ledger {self.ledger_id} is {self.state.value}: only a closed ledger can be "
+                "archived"
+            )
+        return dataclasses.replace(self, archived=True)
 
     def in_recovery(self) -> LedgerMetadata:
         """Marked IN_RECOVERY (a recoverer owns it; the writer's changes will conflict).

@@ -106,8 +106,25 @@ class MetadataStore(Protocol):
         ...
 
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
-        """Delete (only at ``expected_version`` when given). Raises NoSuchLedgerError,
-        MetadataVersionError (with ``.current``)."""
+        """Delete (only at ``expected_version`` when given) **without** a tombstone: the raw
+        removal (tests, an operator's repair). Bookies then keep the ledger's data as an
+        orphan; deleting a ledger is ``BookKeeper.delete_ledger`` (``tombstone_ledger``).
+        Raises NoSuchLedgerError, MetadataVersionError (with ``.current``)."""
+        ...
+
+    async def tombstone_ledger(
+        self, ledger_id: int, expected_version: int, tombstone: bytes
+    ) -> Versioned[bytes]:
+        """Replace the ledger's metadata (at ``expected_version``) by ``tombstone`` under the
+        key ``tombstones/<id, 20 digits>`` in one transaction (the ledger key and its creator
+        key go, the tombstone comes): the first phase of a delete (``metadata/tombstones.py``).
+        A create never draws a tombstoned id.
+
+        Raises:
+            NoSuchLedgerError: the ledger is absent (deleted before).
+            MetadataVersionError: the version moved; ``.current`` is the stored Versioned.
+            IncorrectParameterError: the tombstone is over ``value_bytes_max``.
+        """
         ...
 
     def list_ledgers(self) -> AsyncIterator[int]:
@@ -394,6 +411,11 @@ def with_creator_token(
         return make, token
     token = uuid.UUID(int=rng.getrandbits(128)).hex
     return (lambda ledger_id: dataclasses.replace(make(ledger_id), creator_token=token)), token
+
+
+def tombstone_key(ledger_id: int) -> str:
+    """The key of a deleted ledger's tombstone (``metadata/tombstones.py``)."""
+    return f"tombstones/{ledger_id:020d}"
 
 
 def new_instance_id(rng: random.Random) -> str:

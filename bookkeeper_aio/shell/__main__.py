@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     meta = commands.add_parser("ledger-metadata", help="one ledger's metadata as JSON")
     meta.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
     meta.set_defaults(run=_metadata_command)
+    _delete_commands(commands)
     info = commands.add_parser("log-info", help="one log: offsets, segments, metadata (JSON)")
     info.add_argument("name", metavar="NAME")
     info.set_defaults(run=_metadata_command)
@@ -57,6 +58,30 @@ def build_parser() -> argparse.ArgumentParser:
     spark.add_commands(commands)
     _autorecovery_commands(commands)
     return parser
+
+
+def _delete_commands(commands: Any) -> None:
+    """delete-ledger, mark-archived, cluster-config, list-tombstones (docs/durability.md)."""
+    delete = commands.add_parser(
+        "delete-ledger", help="delete a ledger (tombstone; bookies free its space at their GC)"
+    )
+    delete.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
+    delete.set_defaults(run=_metadata_command)
+    archive = commands.add_parser("mark-archived", help="set a closed ledger's archival bit")
+    archive.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
+    archive.set_defaults(run=_metadata_command)
+    config = commands.add_parser(
+        "cluster-config", help="show the cluster's options, or set one: "
+        "require-archival-before-delete true|false",
+    )  # fmt: skip
+    config.add_argument("option", nargs="?", metavar="OPTION")
+    config.add_argument("value", nargs="?", metavar="true|false")
+    config.set_defaults(run=_metadata_command)
+    stones = commands.add_parser(
+        "list-tombstones", help="deleted ledgers whose bookies have not all freed their copies"
+    )
+    stones.add_argument("--json", action="store_true", help="one JSON object per line")
+    stones.set_defaults(run=_metadata_command)
 
 
 def _autorecovery_commands(commands: Any) -> None:
@@ -137,6 +162,16 @@ async def _metadata_command(args: argparse.Namespace) -> str:
         return await logs.log_info(args.metadata, args.name)
     if args.command == "cookie-fix":
         return await cluster.cookie_fix(args.metadata, args.bookie)
+    if args.command == "delete-ledger":
+        return await cluster.delete_ledger(args.metadata, args.ledger_id)
+    if args.command == "mark-archived":
+        return await cluster.mark_archived(args.metadata, args.ledger_id)
+    if args.command == "cluster-config":
+        if (args.option is None) != (args.value is None):
+            raise ConfigError("cluster-config takes no argument (show) or OPTION true|false")
+        return await cluster.cluster_config(args.metadata, args.option, args.value)
+    if args.command == "list-tombstones":
+        return await cluster.list_tombstones(args.metadata, args.json)
     if args.command in ("create-topic", "list-topics", "delete-topic", "list-groups"):
         return await _kafka_command(args)
     return await cluster.ledger_metadata(args.metadata, args.ledger_id)

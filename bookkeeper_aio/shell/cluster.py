@@ -1,11 +1,15 @@
 """Cluster admin commands on the metadata store: init-cluster, list-bookies, list-ledgers,
-ledger-metadata, cookie-fix. Each returns the text to print (JSON where a script may parse it)."""
+ledger-metadata, cookie-fix, delete-ledger, mark-archived, cluster-config, list-tombstones.
+Each returns the text to print (JSON where a script may parse it)."""
 
 from __future__ import annotations
 
 import json
 
 from ..bookie.cookie import request_cookie_fix
+from ..client import deletion
+from ..errors import IncorrectParameterError
+from ..metadata import tombstones
 from ..metadata.store import open_metadata_store
 
 
@@ -58,3 +62,62 @@ async def cookie_fix(uri: str, bookie_id: str) -> str:
     """
     async with open_metadata_store(uri) as store:
         return await request_cookie_fix(store, bookie_id)
+
+
+async def delete_ledger(uri: str, ledger_id: int) -> str:
+    """Delete a ledger through the client's one delete path (tombstone, then bookies' GC).
+
+    Raises:
+        NoSuchLedgerError, LedgerOfLogError, LedgerNotArchivedError (see BookKeeper).
+    """
+    from ..client.bookkeeper import BookKeeper
+
+    async with BookKeeper.connect(uri) as bk:
+        await bk.delete_ledger(ledger_id)
+    return f"ledger {ledger_id} deleted: tombstoned; bookies free its space at their next GC"
+
+
+async def mark_archived(uri: str, ledger_id: int) -> str:
+    """Set a closed ledger's archival bit.
+
+    Raises:
+        NoSuchLedgerError, IncorrectParameterError (not closed).
+    """
+    async with open_metadata_store(uri) as store:
+        await deletion.mark_archived(store, ledger_id)
+    return f"ledger {ledger_id} archived"
+
+
+async def cluster_config(uri: str, name: str | None, value: str | None) -> str:
+    """Show the cluster's options (JSON), or set one (``true``/``false``).
+
+    Raises:
+        IncorrectParameterError: an unknown option or a value other than true/false.
+    """
+    async with open_metadata_store(uri) as store:
+        if name is None:
+            options = await tombstones.read_cluster_options(store)
+        else:
+            if value not in ("true", "false"):
+                raise IncorrectParameterError(f"{name}: the value must be true or false")
+            option = name.replace("-", "_")
+            if option not in tombstones.CLUSTER_OPTIONS:
+                known = ", ".join(o.replace("_", "-") for o in tombstones.CLUSTER_OPTIONS)
+                raise IncorrectParameterError(f"unknown cluster option {name!r}; known: {known}")
+            options = await tombstones.set_cluster_option(store, option, value == "true")
+    doc = json.loads(options.to_json_bytes())
+    return json.dumps({k.replace("_", "-"): v for k, v in doc.items()}, indent=2, sort_keys=True)
+
+
+async def list_tombstones(uri: str, as_json: bool) -> str:
+    """Deleted ledgers whose bookies have not all confirmed: id, age, confirmations."""
+    async with open_metadata_store(uri) as store:
+        stones = [v.value async for v in tombstones.list_tombstones(store)]
+    if as_json:
+        return "\n".join(json.dumps(json.loads(t.to_json_bytes()), sort_keys=True) for t in stones)
+    lines = [
+        f"{t.ledger_id}\tdeleted_ms={t.deleted_ms}\tconfirmed {len(t.confirmed)}/"
+        f"{len(t.bookies)}\twaiting for {','.join(sorted(set(t.bookies) - set(t.confirmed)))}"
+        for t in stones
+    ]
+    return "\n".join(lines) if lines else "no tombstones"

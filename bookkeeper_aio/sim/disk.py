@@ -167,6 +167,10 @@ class FaultyEngine:
     def delete_ledger(self, ledger_id: int) -> None:
         self.inner.delete_ledger(ledger_id)
 
+    def reclaim_space(self, live_ratio_min: float) -> int:
+        self._check_dead("reclaim_space")
+        return self.inner.reclaim_space(live_ratio_min)
+
     def ledgers(self) -> list[int]:
         return self.inner.ledgers()
 
@@ -215,6 +219,9 @@ class SimStorage:
 
     async def close_engine(self, engine: Engine) -> None:
         engine.close()
+
+    async def reclaim_space(self, engine: Engine, live_ratio_min: float) -> int:
+        return engine.reclaim_space(live_ratio_min)
 
     async def unclean_shutdown(self) -> bool:
         return self.disk.dirty
