@@ -31,7 +31,10 @@ from collections import Counter
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from ..config import BookieConfig, MetadataConfig
+from ..client.bookie_client import BookiePool
+from ..client.context import ClientContext
+from ..client.placement import PlacementPolicy
+from ..config import BookieConfig, ClientConfig, MetadataConfig
 from ..engine import Engine
 from ..metadata.store import BookieRegistration, MetadataStore, open_metadata_store
 from ..net import Network, Server, TcpNetwork
@@ -41,6 +44,8 @@ from .disk import next_read_only
 from .handler import RequestHandler
 from .integrity import BOOKIE_BUGS, DataIntegrity
 from .ledger_dirs import LedgerDirs
+from .ledger_records import LedgerRecords
+from .scrubber import Scrubber
 from .storage import BookieJournal, BookieStorage, DiskStorage
 
 log = logging.getLogger(__name__)
@@ -86,6 +91,8 @@ class Bookie:
         self.instance_id: str | None = None
         self._registration: BookieRegistration | None = None
         self.autorecovery: Any = None  # BP-31 --autorecovery: the in-process service
+        self.scrubber: Scrubber | None = None  # BP-31 bit rot
+        self.records: LedgerRecords | None = None  # BP-31 metadata recovery
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -135,6 +142,9 @@ class Bookie:
         if isinstance(self._engine, LedgerDirs):
             self._engine.on_failed = self._dir_failed
         self._handler = RequestHandler(self._engine, journal, cfg, on_fatal=self._fatal)
+        if self.metadata is not None and cfg.ledger_records:
+            self.records = LedgerRecords(cfg.bookie_id, self._handler, self.metadata)
+            self._handler.on_new_ledger = self.records.learned  # before serving: none missed
         await journal.checkpoint(self._engine.sync)
         await self._check_disks()
         await self._preboot(cookies)
@@ -149,6 +159,7 @@ class Bookie:
             self._background(self._checkpoint_loop(), "bookie-checkpoint"),
             self._background(self._disk_loop(), "bookie-disk-monitor"),
         ]
+        self._start_scrubber()
         if cfg.autorecovery and self.metadata is not None:
             from ..autorecovery.service import in_bookie  # an optional part of the bookie
 
@@ -163,6 +174,21 @@ class Bookie:
             "bookie %s serving on %s (engine %s, %d journal records replayed)",
             cfg.bookie_id, cfg.listen, cfg.engine, replayed,
         )  # fmt: skip
+
+    def _start_scrubber(self) -> None:
+        """The scrubber (and the ledger records' task): repairs need a metadata store (the
+        peers of an entry) and connections to peers."""
+        ctx = None
+        if self.metadata is not None:
+            client_config = ClientConfig()
+            pool = BookiePool(self.network, client_config, self.rng)
+            self._exit_stack.push_async_callback(pool.close)
+            ctx = ClientContext(client_config, self.metadata, pool, self.rng, PlacementPolicy())
+        self.scrubber = Scrubber(self.config, self.handler, ctx, self.records)
+        self.handler.scrub_control = self.scrubber.control
+        self._tasks.append(self._background(self.scrubber.run(), "bookie-scrubber"))
+        if self.records is not None:
+            self._tasks.append(self._background(self.records.run(), "bookie-ledger-records"))
 
     async def _preboot(self, cookies: CookieCheck | None) -> None:
         """BP-46 phase one, before serving: after an unclean shutdown without the journal, or
@@ -394,6 +420,8 @@ class Bookie:
             "journal": self._journal.statistics() if self._journal else {},
             "integrity": self.integrity.statistics() if self.integrity else {},
             "autorecovery": self.autorecovery.statistics() if self.autorecovery else {},
+            "scrubber": self.scrubber.statistics() if self.scrubber else {},
+            "ledger_records": self.records.statistics() if self.records else {},
             "ledger_dirs": self._engine.statistics() if isinstance(self._engine, LedgerDirs)
             else {},
         }  # fmt: skip

@@ -216,6 +216,10 @@ class SimBookie:
             rack=self.rack,
             journal_write_data=self.world.journal_write_data,
             data_integrity_check_interval_s=0.5,
+            # Not simulated (yet): the scrubber runs only when asked, no ledger records (their
+            # metadata reads would change every seed's schedule).
+            scrub_interval_s=0.0,
+            ledger_records=False,
         )
 
     async def start(self) -> None:
