@@ -118,11 +118,14 @@ async def _flip_on_disk(proc: BookieProcess, ledger_id: int, entry_id: int, payl
 
     await _wait(on_disk, 20, f"entry {entry_id} of ledger {ledger_id} in an entry log")
     assert found is not None
-    log, offset = found
-    with open(log, "r+b") as f:
-        f.seek(offset + len(payload) // 2)
+    _flip_byte(*found, len(payload) // 2)
+
+
+def _flip_byte(path: Path, offset: int, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset + at)
         byte = f.read(1)
-        f.seek(offset + len(payload) // 2)
+        f.seek(offset + at)
         f.write(bytes([byte[0] ^ 0x40]))
 
 
