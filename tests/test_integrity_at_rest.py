@@ -11,7 +11,7 @@ import pytest
 from bookkeeper_aio.bookie.handler import RequestHandler
 from bookkeeper_aio.bookie.scrubber import Scrubber
 from bookkeeper_aio.config import BookieConfig
-from bookkeeper_aio.digest import entry_digest, master_key, pack_entry_record, payload_digest
+from bookkeeper_aio.digest import entry_digest, pack_entry_record, payload_digest
 from bookkeeper_aio.engine import LedgerInfo
 from bookkeeper_aio.errors import MetadataFormatError, StatusCode
 from bookkeeper_aio.metadata.ledger_record import (
