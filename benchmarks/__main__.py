@@ -8,7 +8,7 @@ servers with the same I/O and network: this machine's floor), log (log appends w
 rollovers against plain ledger writes), kafka (aiokafka's producer through the Kafka gateway
 against direct log appends), spark (the Spark sink and source against the client, and the
 commit's cost), rereplication (autorecovery after losing a bookie: copy rate against the
-disk's limit, time back to WQ), all.
+disk's limit, time back to WQ), scrub (writes while the bookies scrub vs not), all.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from . import (
     reads,
     recovery,
     rereplication,
+    scrub,
     spark,
     suite,
     tail,
@@ -60,6 +61,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
     ),
     "misses": (misses, misses.run_misses, "engines: absent entries next to a large one"),
     "hostile": (hostile, hostile.run_hostile, "a bookie's RSS under clients that never read"),
+    "scrub": (scrub, scrub.run_scrub, "writes with the bookies scrubbing at their rate vs not"),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
 }
 

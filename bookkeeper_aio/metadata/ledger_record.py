@@ -43,9 +43,22 @@ def encode_record(md: LedgerMetadata, version: int) -> bytes:
     return msgpack.packb(
         [RECORD_VERSION, version, md.ensemble_size, md.write_quorum, md.ack_quorum,
          [[first, list(ensemble)] for first, ensemble in md.ensembles], md.state.value,
-         md.last_entry_id, md.length, md.digest_type, md.password_hash, md.ctime_ms,
-         md.custom_metadata, md.creator_token, md.master_key],
+         md.last_entry_id, md.length, md.digest_type, _packed_hex(md.password_hash), md.ctime_ms,
+         md.custom_metadata, _packed_hex(md.creator_token), _packed_hex(md.master_key)],
     )  # fmt: skip
+
+
+def _packed_hex(text: str) -> str | bytes:
+    """Hex text (hashes, keys, tokens) as its bytes: half the size; other text as it is."""
+    try:
+        data = bytes.fromhex(text)
+    except ValueError:
+        return text
+    return data if data.hex() == text else text
+
+
+def _unpacked_hex(value: str | bytes) -> str:
+    return value.hex() if type(value) is bytes else value  # type: ignore[return-value]
 
 
 def decode_record(ledger_id: int, data: bytes) -> tuple[LedgerMetadata, int]:
@@ -62,7 +75,8 @@ def decode_record(ledger_id: int, data: bytes) -> tuple[LedgerMetadata, int]:
             token, key = fields  # fmt: skip
         md = LedgerMetadata(
             ledger_id, e, wq, aq, tuple((int(f), tuple(b)) for f, b in segments),
-            LedgerState(state), last, length, digest_type, pw, ctime, dict(custom), token, key,
+            LedgerState(state), last, length, digest_type, _unpacked_hex(pw), ctime, dict(custom),
+            _unpacked_hex(token), _unpacked_hex(key),
         )  # fmt: skip
         if type(version) is not int:
             raise MetadataFormatError("the record's store version is not an int")
