@@ -5,16 +5,15 @@ load without, in one run.
     python -m benchmarks scrub --duration 10 --outstanding 100 --entry-size 1024
 
 One local cluster: etcd + 3 bookies (``--engine``, the scrubber only on request:
-``scrub_interval_s=0``). First ``--duration`` x ``--scrub-rate`` bytes are written to closed
-ledgers (E3/WQ3/AQ2: every bookie holds all of it), so that one scrub pass at that rate lasts
-about ``--duration``. Then, ``--rounds`` times: the write load alone for ``--duration``
-(closed loop, ``--outstanding`` adds in flight, a new ledger per phase), then the same load
-while every bookie makes one scrub pass (asked with the SCRUB request, as ``shell scrub``
-does; a pass reads more than one phase's worth, so it lasts the whole phase, and it is waited
-for before the next phase). The ratio is the median with-scrub
-throughput over the median without. The scrub re-reads data written a moment before, mostly
-from the page cache: the figure is the scrubber's CPU and loop cost, not that of a disk seek
-per entry.
+``scrub_interval_s=0``). First as many entries as one pass at ``--scrub-rate`` checks in
+``--duration`` are written to closed ledgers (E3/WQ3/AQ2: every bookie holds all of them).
+Then, ``--rounds`` times: the write load alone for ``--duration`` (closed loop,
+``--outstanding`` adds in flight, a new ledger per phase), then the same load while every
+bookie makes one scrub pass (asked with the SCRUB request, as ``shell scrub`` does; a pass
+also reads every earlier phase's ledger, so it lasts the whole phase, and it is waited for
+before the next phase). The ratio is the median with-scrub throughput over the median
+without. The scrub re-reads data written a moment before, mostly from the page cache: the
+figure is the scrubber's CPU and loop cost, not that of a disk seek per entry.
 """
 
 from __future__ import annotations
@@ -25,8 +24,10 @@ import statistics
 from typing import Any
 
 from bookkeeper_aio import BookKeeper
+from bookkeeper_aio.bookie.scrubber import ENTRY_CHARGE_BYTES
 from bookkeeper_aio.client.reads import request
 from bookkeeper_aio.config import BookieConfig
+from bookkeeper_aio.digest import ENTRY_RECORD_HEADER
 from bookkeeper_aio.protocol import ScrubRequest, ScrubResponse
 
 from .cluster import target
@@ -58,7 +59,11 @@ async def run_scrub(args: argparse.Namespace, *, quiet: bool = False) -> dict[st
     async with target(None, args.dir, 3, args.engine, *sets) as where:
         bookies = [b.address for b in where.bookies]
         async with BookKeeper.connect(where.uri) as bk:
-            filled = await _fill(bk, int(args.duration * args.scrub_rate), args.entry_size)
+            # As much as one pass at the rate checks in --duration (entries are charged their
+            # size plus ENTRY_CHARGE_BYTES against it).
+            charge = args.entry_size + ENTRY_RECORD_HEADER.size + ENTRY_CHARGE_BYTES
+            entries = int(args.duration * args.scrub_rate / charge)
+            filled = await _fill(bk, entries * args.entry_size, args.entry_size)
             if args.warmup > 0:
                 await _load(bk, args, args.warmup)
             without, with_scrub, scrubbed = [], [], []
