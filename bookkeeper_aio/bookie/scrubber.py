@@ -16,13 +16,17 @@ ledger without metadata is still checked, but a bad copy of it can only be repor
 
 Engine calls happen on the event loop, like the handler's reads (the engine interface's
 threading contract), in steps of at most ``STEP_ENTRIES`` entries or ``STEP_BYTES`` bytes
-between awaits, so a pass holds the loop for well under a millisecond at a time. Each entry
+between awaits, so a pass holds the loop for about a millisecond at most at a time. Each entry
 is charged its size plus ``ENTRY_CHARGE_BYTES`` against the rate: the per-entry work (a
 lookup, two hashes, ~10-30 us of CPU) costs as much as reading a few KiB, and without the
 charge a rate in bytes over small entries meant thousands of lookups a second
 (``python -m benchmarks scrub``: 1 KiB entries at 8 MiB/s cost a loaded 2-core machine most
-of its write throughput). Passes start every ``scrub_interval_s`` after the previous one started
-(0: only on request) and when asked (:meth:`Scrubber.control`, the SCRUB request of
+of its write throughput).
+
+Passes start every ``scrub_interval_s`` after the previous one started, the first one after a
+random part of the interval (BookKeeper's ScrubberService does the same: bookies started
+together do not scrub together, and a bookie restarted often still gets passes; 0: only on
+request), and when asked (:meth:`Scrubber.control`, the SCRUB request of
 ``shell scrub --bookie ID``). Counters go to :meth:`statistics` and to the answer of SCRUB.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import Counter
 
 from ..client.context import ClientContext
@@ -64,6 +69,7 @@ class Scrubber:
         handler: RequestHandler,
         ctx: ClientContext | None,
         records: LedgerRecords | None,
+        rng: random.Random | None = None,
     ) -> None:
         self.bookie_id = config.bookie_id
         self.interval_s = config.scrub_interval_s
@@ -71,6 +77,7 @@ class Scrubber:
         self.ctx = ctx
         self.records = records
         self.limiter = RateLimiter(config.scrub_bytes_per_s)
+        self.rng = rng or random.Random()
         self.passes_started = 0
         self.passes_done = 0
         self.progress: Counter[str] = Counter()  # the running pass, or the last one
@@ -92,7 +99,9 @@ class Scrubber:
     async def run(self) -> None:
         """Passes every ``scrub_interval_s`` and on request (the owned background task)."""
         loop = asyncio.get_running_loop()
-        next_start = loop.time() + self.interval_s
+        next_start = loop.time()
+        if self.interval_s > 0:  # no draw otherwise: the simulator's bookies share this rng
+            next_start += self.rng.uniform(0, self.interval_s)
         while True:
             if self.interval_s > 0:
                 try:

@@ -184,7 +184,7 @@ class Bookie:
             pool = BookiePool(self.network, client_config, self.rng)
             self._exit_stack.push_async_callback(pool.close)
             ctx = ClientContext(client_config, self.metadata, pool, self.rng, PlacementPolicy())
-        self.scrubber = Scrubber(self.config, self.handler, ctx, self.records)
+        self.scrubber = Scrubber(self.config, self.handler, ctx, self.records, self.rng)
         self.handler.scrub_control = self.scrubber.control
         self._tasks.append(self._background(self.scrubber.run(), "bookie-scrubber"))
         if self.records is not None:
