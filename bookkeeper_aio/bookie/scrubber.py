@@ -19,15 +19,16 @@ threading contract), in steps of at most ``STEP_ENTRIES`` entries or ``STEP_BYTE
 between awaits, so a pass holds the loop for about a millisecond at most at a time. Each entry
 is charged its size plus ``ENTRY_CHARGE_BYTES`` against the rate: the per-entry work (a
 lookup, two hashes, ~10-30 us of CPU) costs as much as reading a few KiB, and without the
-charge a rate in bytes over small entries meant thousands of lookups a second
-(``python -m benchmarks scrub``: 1 KiB entries at 8 MiB/s cost a loaded 2-core machine most
-of its write throughput).
+charge a rate in bytes over small entries meant thousands of lookups a second (``python -m
+benchmarks scrub``: 1 KiB entries at 8 MiB/s cost a loaded 2-core machine most of its write
+throughput; BookKeeper's ``localScrubRateLimit`` counts entries per second).
 
 Passes start every ``scrub_interval_s`` after the previous one started, the first one after a
-random part of the interval (BookKeeper's ScrubberService does the same: bookies started
-together do not scrub together, and a bookie restarted often still gets passes; 0: only on
-request), and when asked (:meth:`Scrubber.control`, the SCRUB request of
-``shell scrub --bookie ID``). Counters go to :meth:`statistics` and to the answer of SCRUB.
+random part of the interval (bookies started together do not scrub together, and a bookie
+restarted often still gets passes; BookKeeper's ScrubberService draws every delay from 0.5-1.5
+times its period); 0: only on request. And when asked (:meth:`Scrubber.control`, the SCRUB
+request of ``shell scrub --bookie ID``). Counters go to :meth:`statistics` and to SCRUB's
+answer.
 """
 
 from __future__ import annotations
