@@ -106,9 +106,10 @@ async def write_copy(
     if type(answer) is AddResponse and answer.status == StatusCode.OK:
         return None
     status = getattr(answer, "status", None)
-    if status is None:
-        return str(answer)
-    return StatusCode(status).name if status in StatusCode._value2member_map_ else str(status)
+    try:
+        return StatusCode(status).name
+    except ValueError:  # not a status: an exception, or a number we do not know
+        return str(answer if status is None else status)
 
 
 def replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
