@@ -142,8 +142,19 @@ class Scrubber:
                  p["entries_checked"], p["bytes_checked"], p["bad_copies"], p["repaired"],
                  p["unrepaired"])  # fmt: skip
 
+    async def _metadata(self, ledger_id: int) -> LedgerMetadata | None:
+        """The ledger's metadata (keeping its record current), None if there is none."""
+        if self.records is not None:
+            return await self.records.refresh(ledger_id)
+        if self.ctx is None:
+            return None
+        try:
+            return (await self.ctx.metadata.read_ledger(ledger_id)).value
+        except BookKeeperError:  # none, or the store is unreachable: checked, not repaired
+            return None
+
     async def _scrub_ledger(self, ledger_id: int) -> None:
-        md = await self.records.refresh(ledger_id) if self.records is not None else None
+        md = await self._metadata(ledger_id)
         engine = self.handler.engine
         start = 0
         while True:
