@@ -42,7 +42,7 @@ from ..client.context import ClientContext
 from ..client.reads import replicas
 from ..client.short_copies import ShortCopies
 from ..config import BookieConfig
-from ..digest import ENTRY_RECORD_HEADER, header_digest, payload_digest, unpack_entry_record
+from ..digest import ENTRY_RECORD_HEADER, header_digest, payload_digest
 from ..errors import BookKeeperError
 from ..metadata.model import LedgerMetadata
 from ..rate_limit import RateLimiter
@@ -161,25 +161,27 @@ class Scrubber:
             ids = engine.list_entries(ledger_id, start, PAGE)
             at = 0
             while at < len(ids):
-                step, charge = ids[at : at + STEP_ENTRIES], 0
-                for entry_id in step:
-                    at += 1
+                checked, charge, read = 0, 0, 0
+                for entry_id in ids[at : at + STEP_ENTRIES]:
+                    checked += 1
                     size, intact = self._check(ledger_id, entry_id)
-                    self._count(size)
+                    read += size
                     charge += size + ENTRY_CHARGE_BYTES
                     if not intact:
                         await self._repair(ledger_id, entry_id, md)
                     if charge >= STEP_BYTES:
                         break
+                at += checked
+                self._count(checked, read)
                 await self.limiter.acquire(charge)
                 await asyncio.sleep(0)  # the loop's other work between two steps
             if len(ids) < PAGE:
                 return
             start = ids[-1] + 1
 
-    def _count(self, size: int) -> None:
+    def _count(self, entries: int, size: int) -> None:
         for counters in (self.progress, self.counters):
-            counters["entries_checked"] += 1
+            counters["entries_checked"] += entries
             counters["bytes_checked"] += size
 
     def _check(self, ledger_id: int, entry_id: int) -> tuple[int, bool]:
@@ -195,11 +197,10 @@ class Scrubber:
             return 0, True
         if len(record) < ENTRY_RECORD_HEADER.size:
             return len(record), False
-        lac, pdigest, digest, payload = unpack_entry_record(record)
-        intact = (
-            payload_digest(payload) == pdigest
-            and header_digest(ledger_id, entry_id, lac, pdigest) == digest
-        )
+        lac, pdigest, digest = ENTRY_RECORD_HEADER.unpack_from(record)
+        with memoryview(record) as view:  # the payload hashed in place, not copied
+            intact = payload_digest(view[ENTRY_RECORD_HEADER.size :]) == pdigest
+        intact = intact and header_digest(ledger_id, entry_id, lac, pdigest) == digest
         if not intact:
             log.error("bookie %s: scrub: entry %d of ledger %d fails its digest",
                       self.bookie_id, entry_id, ledger_id)  # fmt: skip
