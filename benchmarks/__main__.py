@@ -9,7 +9,8 @@ rollovers against plain ledger writes), kafka (aiokafka's producer through the K
 against direct log appends), spark (the Spark sink and source against the client, and the
 commit's cost), rereplication (autorecovery after losing a bookie: copy rate against the
 disk's limit, time back to WQ), gc (writes while the bookies delete and compact a previous
-run's ledgers, against the same writes without), all.
+run's ledgers, against the same writes without), scrub (writes while the bookies scrub vs
+not), all.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from . import (
     reads,
     recovery,
     rereplication,
+    scrub,
     spark,
     suite,
     tail,
@@ -63,6 +65,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
     "gc": (gc, gc.run_gc, "writes while GC frees a previous run's ledgers vs without"),
     "misses": (misses, misses.run_misses, "engines: absent entries next to a large one"),
     "hostile": (hostile, hostile.run_hostile, "a bookie's RSS under clients that never read"),
+    "scrub": (scrub, scrub.run_scrub, "writes with the bookies scrubbing at their rate vs not"),
     "all": (suite, suite.run_all, "every benchmark, one table (--short: make bench)"),
 }
 

@@ -193,6 +193,7 @@ class BookieConfig(AutorecoverySettings):
     ZERO_ALLOWED: ClassVar[frozenset[str]] = AutorecoverySettings.ZERO_ALLOWED | {
         "data_integrity_check_interval_s",
         "gc_interval_s",
+        "scrub_interval_s",
     }
 
     # Where it listens and how clients find it.
@@ -280,6 +281,18 @@ class BookieConfig(AutorecoverySettings):
     tombstone_ttl_s: float = 7 * 86_400.0
 
     list_entries_max: int = 100_000  # entry ids per LIST_ENTRIES answer
+
+    # BP-31 bit rot: the scrubber re-reads every stored entry, checks both digests and repairs
+    # a bad copy from a peer replica (bookie/scrubber.py). A pass starts this long after the
+    # previous one started (0: only when asked, `shell scrub --bookie ID`) and reads at most
+    # scrub_bytes_per_s: 8 MiB/s is a pass over 1 TiB in 36 hours.
+    scrub_interval_s: float = 7 * 86_400.0
+    scrub_bytes_per_s: int = 8 * MiB
+    # BP-31 metadata recovery: keep each ledger's metadata as last read from the store (with
+    # metadata_uri), read when the ledger is first seen and on every scrub pass, so that
+    # `shell recover-metadata` can rebuild a lost store (bookie/ledger_records.py).
+    ledger_records: bool = True
+    ledger_records_max: int = 1_000  # per-ledger records per LEDGER_RECORDS answer
     shutdown_timeout_s: float = 30.0
 
     # BP-31: run the auditor election and replication workers in this process too (needs
@@ -382,6 +395,10 @@ class ClientConfig(_Config):
     # BP-31: writers and readers mark a ledger under-replicated when they see a copy missing
     # (a bookie failed after the entry reached AQ; a replica's error or bad digest).
     mark_short_copies: bool = True
+    # BP-31 "no repair in the read path": a replica whose copy of a confirmed entry is corrupt
+    # (bad digest) or unreadable (IO_ERROR) gets the good copy written back (recovery flag)
+    # once a read found one; a copy that cannot be written back is marked as above.
+    read_repair: bool = True
 
     def validate(self) -> None:
         super().validate()

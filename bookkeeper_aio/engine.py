@@ -39,10 +39,17 @@ class LedgerInfo:
     fenced: bool = False
     limbo: bool = False  # BP-46: never answer an explicit negative for this ledger
     explicit_lac: bytes = b""  # a packed LacProof; empty if none was written
+    # BP-31: the ledger's metadata as the bookie last read it (metadata/ledger_record.py), for
+    # rebuilding the metadata store if it is lost; empty until read.
+    record: bytes = b""
 
     def to_bytes(self) -> bytes:
-        """A compact, versioned encoding for engines that store bytes."""
-        return msgpack.packb([1, self.master_key, self.fenced, self.limbo, self.explicit_lac])
+        """A compact, versioned encoding for engines that store bytes (version 1 without a
+        record, as before records existed; version 2 with one)."""
+        fields = [self.master_key, self.fenced, self.limbo, self.explicit_lac]
+        if self.record:
+            return msgpack.packb([2, *fields, self.record])
+        return msgpack.packb([1, *fields])
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LedgerInfo:
@@ -52,14 +59,17 @@ class LedgerInfo:
             ValueError: not an encoding of a known version.
         """
         fields = msgpack.unpackb(data, raw=False, max_map_len=0)
-        if not isinstance(fields, list) or not fields or fields[0] != 1 or len(fields) != 5:
-            raise ValueError(f"not a LedgerInfo v1 encoding: {data[:40]!r}")
+        known = isinstance(fields, list) and fields and (fields[0], len(fields)) in _ENCODINGS
+        if not known:
+            raise ValueError(f"not a LedgerInfo v1 or v2 encoding: {data[:40]!r}")
         return cls(*fields[1:])
 
     def replace(self, **changes: object) -> LedgerInfo:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
+
+_ENCODINGS = ((1, 5), (2, 6))  # (version, fields): without a record, with one
 
 # An entry's record as put_entries takes it: bytes, or a view of the request it came in.
 Record = bytes | memoryview

@@ -165,6 +165,25 @@ class MultiAddRequest(NamedTuple):
     parts: list[list[Any]]
 
 
+class ScrubRequest(NamedTuple):
+    """Ask for the state of the bookie's scrubber (BP-31 bit rot); ``start``: also have a pass
+    run now (after the running one, if any). ``shell scrub`` polls with it for its progress."""
+
+    OP = 10
+    request_id: int
+    start: bool
+
+
+class LedgerRecordsRequest(NamedTuple):
+    """Page through what the bookie keeps per ledger, from ``start_ledger_id`` (the metadata
+    recovery tool: ``shell recover-metadata``)."""
+
+    OP = 11
+    request_id: int
+    start_ledger_id: int
+    max_count: int
+
+
 MULTI_ADD_PART_OPS = frozenset({AddRequest.OP, AddBatchRequest.OP})
 
 
@@ -331,6 +350,35 @@ class BookieInfoResponse(NamedTuple):
     bookie_id: str
 
 
+class ScrubResponse(NamedTuple):
+    """The scrubber's passes (started, finished) and the counters of the running pass, or of
+    the last one when none runs."""
+
+    OP = ScrubRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    passes_started: int
+    passes_done: int
+    ledgers_total: int
+    ledgers_done: int
+    entries_checked: int
+    bytes_checked: int
+    bad_copies: int
+    repaired: int
+    unrepaired: int
+
+
+class LedgerRecordsResponse(NamedTuple):
+    """One msgpack record per ledger, ascending ids (``metadata/ledger_record.py`` reads them);
+    ``next_ledger_id`` -1 when done."""
+
+    OP = LedgerRecordsRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    records: list[bytes]
+    next_ledger_id: int
+
+
 class ErrorResponse(NamedTuple):
     """The answer to a frame that could not be understood (``request_id`` -1 if unknown)."""
 
@@ -350,6 +398,8 @@ Request = (
     | BookieInfoRequest
     | AddBatchRequest
     | MultiAddRequest
+    | ScrubRequest
+    | LedgerRecordsRequest
 )
 Response = (
     HelloResponse
@@ -361,6 +411,8 @@ Response = (
     | BookieInfoResponse
     | AddBatchResponse
     | MultiAddResponse
+    | ScrubResponse
+    | LedgerRecordsResponse
     | ErrorResponse
 )
 Message = Request | Response
@@ -379,6 +431,7 @@ class BadFrame(NamedTuple):
 #   i int64   n int64 >= 0 (an id)   u uint64   b bytes   s str   t bool
 #   I int64 or None   U uint64 or None   B bytes or None   p LacProof or None   r ranges
 #   l list of int64   m list of non-empty lists, each starting with an int (an op)
+#   L list of bytes
 # Requests name ledgers (and a read its entry) with ``n``: ids are int64 >= 0, checked at the
 # edge, so no negative id reaches the handler or an engine (RocksDB keys pack them unsigned).
 
@@ -402,6 +455,10 @@ _SPECS: dict[type, str] = {
     ListEntriesResponse: "iiiri",
     BookieInfoResponse: "iiiits",
     ErrorResponse: "iis",
+    ScrubRequest: "it",
+    ScrubResponse: "iiiiiiiiiii",
+    LedgerRecordsRequest: "ini",
+    LedgerRecordsResponse: "iiLi",
 }
 _INT = f"(type({{v}}) is int and {INT64_MIN} <= {{v}} <= {INT64_MAX})"
 _UINT = f"(type({{v}}) is int and 0 <= {{v}} <= {UINT64_MAX})"
@@ -420,6 +477,7 @@ _TAG_EXPR = {
     "r": "_ranges({v})",
     "l": "(type({v}) is list and all(" + _INT.format(v="x") + " for x in {v}))",
     "m": "(type({v}) is list and all(type(x) is list and x and type(x[0]) is int for x in {v}))",
+    "L": "(type({v}) is list and all(type(x) is bytes for x in {v}))",
 }
 
 

@@ -167,6 +167,7 @@ def test_a_reader_marks_a_replica_with_a_corrupt_copy_and_a_worker_repairs_it() 
         bad = world.bookie_at(md.ensembles[0][1][0])
         record = pack_entry_record(-1, payload_digest(b"junk"), 12345, b"junk")
         bad.storage.engine.put_entry(lid, 0, record)  # bit rot on one replica
+        world.client_config = world.client_config.replace(read_repair=False)  # marks only
         bk = world.client("reader")
         reader = await bk.open_ledger(lid, PW)
         await reader.read(0, 3)  # entry 0's first replica is the corrupt one
@@ -182,6 +183,23 @@ def test_a_reader_marks_a_replica_with_a_corrupt_copy_and_a_worker_repairs_it() 
                 break
         assert bad.stored(lid, 0) == b"e0"  # the copy was made again, in place
         assert ar.service.worker.counters["entries_rewritten"] == 1
+
+    simulate(body)
+
+
+def test_a_reader_repairs_a_corrupt_copy_itself_and_leaves_no_mark() -> None:
+    async def body(world: World) -> None:
+        lid = await write(world, 4)
+        md = world.ledger(lid).value
+        bad = world.bookie_at(md.ensembles[0][1][0])
+        record = pack_entry_record(-1, payload_digest(b"junk"), 12345, b"junk")
+        bad.storage.engine.put_entry(lid, 0, record)  # bit rot on one replica
+        bk = world.client("reader")
+        reader = await bk.open_ledger(lid, PW)
+        assert [e.payload for e in await reader.read(0, 3)] == [b"e0", b"e1", b"e2", b"e3"]
+        await close_client(bk)
+        assert bad.stored(lid, 0) == b"e0"  # written back by the read (read repair)
+        assert not await marks(world)
 
     simulate(body)
 

@@ -189,3 +189,14 @@ def test_rereplication(tmp_path):
     result = json.loads(out.read_text())
     assert result["copied_mib"] >= 5 and result["copy_mb_per_s"] > 0  # the lost bookie's share
     assert result["restore_s"] > result["detect_s"] > 0 and result["disk_limit_mb_per_s"] > 0
+
+
+def test_scrub_with_and_without(tmp_path):
+    result = run_benchmark(
+        tmp_path, "scrub", "--duration", "0.5", "--warmup", "0.2", "--rounds", "1",
+        "--outstanding", "10", "--entry-size", "256", "--scrub-rate", "1000000",
+        "--dir", str(tmp_path), timeout_s=120,
+    )  # fmt: skip
+    assert result["without_scrub_entries_per_s"] > 0 and result["with_scrub_entries_per_s"] > 0
+    assert result["scrubbed_bytes_per_pass"] > 0 and result["errors"] == 0
+    assert result["ratio_entries_per_s_scrub_vs_none"] > 0

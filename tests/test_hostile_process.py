@@ -31,10 +31,12 @@ from bookkeeper_aio.protocol import (
     ErrorResponse,
     FrameDecoder,
     HelloRequest,
+    LedgerRecordsRequest,
     ListEntriesRequest,
     MultiAddRequest,
     ReadLacRequest,
     ReadRequest,
+    ScrubRequest,
     WriteLacRequest,
     encode,
 )
@@ -178,6 +180,8 @@ REQUESTS: dict[type, list[Any]] = {  # a valid instance's fields after the reque
     BookieInfoRequest: [],
     AddBatchRequest: [ACKED_LEDGER + 100, 0, KEY, b""],
     MultiAddRequest: [[]],
+    ScrubRequest: [False],
+    LedgerRecordsRequest: [0, 10],
 }
 WRONG_TYPES = st.one_of(
     st.text(max_size=8), st.binary(max_size=8), st.floats(allow_nan=True), st.none(),
@@ -225,7 +229,7 @@ def test_every_field_of_every_operation_with_wrong_types_and_out_of_range_values
     mode = data.draw(st.sampled_from(modes), label="mode")
     op = cls.OP
     if mode == "op":  # a response's op, an unknown one, a hello again
-        op = data.draw(st.sampled_from([1, 0, 10, 0x42, 0x81, 0x82, 0x89, 0xFF, 300, -1]))
+        op = data.draw(st.sampled_from([1, 0, 100, 0x42, 0x81, 0x82, 0x89, 0xFF, 300, -1]))
     elif mode == "count":
         fields = [*fields, 0] if data.draw(st.booleans()) or not fields else fields[:-1]
     else:

@@ -82,6 +82,16 @@ async def test_ids_are_unique_and_create_is_idempotent(uri):
         assert read == first and read.value.custom_metadata == {"app": b"\x00x"}
 
 
+async def test_restore_stores_a_ledger_under_its_own_id_only_if_the_id_is_free(uri):
+    async with open_metadata_store(uri, CONFIG) as store:
+        md = make("token-r")(4242)
+        restored = await store.restore_ledger(md)
+        assert restored is not None and restored == await store.read_ledger(4242)
+        assert await store.restore_ledger(md.in_recovery()) is None  # taken: kept as it is
+        assert (await store.read_ledger(4242)).value == md
+        assert [i async for i in store.list_ledgers()] == [4242]
+
+
 async def test_compare_and_swap_conflict_carries_the_current_value(uri):
     async with open_metadata_store(uri, CONFIG) as store:
         a = await store.create_ledger(make())

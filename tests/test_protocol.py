@@ -34,6 +34,8 @@ from bookkeeper_aio.protocol import (
     FrameEncoder,
     HelloRequest,
     HelloResponse,
+    LedgerRecordsRequest,
+    LedgerRecordsResponse,
     ListEntriesRequest,
     ListEntriesResponse,
     MultiAddRequest,
@@ -42,6 +44,8 @@ from bookkeeper_aio.protocol import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    ScrubRequest,
+    ScrubResponse,
     SharedFrame,
     WriteLacRequest,
     WriteLacResponse,
@@ -86,6 +90,10 @@ MESSAGES = st.one_of(
     st.builds(ErrorResponse, i64, i64, text),
     st.builds(AddBatchRequest, i64, ids, i64, blob, blob),
     st.builds(AddBatchResponse, i64, i64, i64, st.lists(i64)),
+    st.builds(ScrubRequest, i64, st.booleans()),
+    st.builds(ScrubResponse, i64, *[i64] * 10),
+    st.builds(LedgerRecordsRequest, i64, ids, i64),
+    st.builds(LedgerRecordsResponse, i64, i64, st.lists(blob, max_size=4), i64),
 )
 ADDS = st.one_of(
     st.builds(AddRequest, i64, ids, i64, i64, blob, i64, blob, u64),

@@ -11,8 +11,8 @@ verifies it again). Memory is bounded by the pumps (one entry each), not by the 
 Entries may land out of order; each write is idempotent (same bytes), so a copy interrupted
 anywhere is resumed by copying what the target still lacks.
 
-:class:`RateLimiter` is a token bucket on the event loop's clock, shared by every copy of a
-process (``replication_rate_bytes_per_s``).
+:class:`~bookkeeper_aio.rate_limit.RateLimiter` (a token bucket on the event loop's clock) is
+shared by every copy of a process (``replication_rate_bytes_per_s``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 from ..client.context import ClientContext
-from ..client.reads import read_copy, request
-from ..errors import BookKeeperError, StatusCode
-from ..protocol import ADD_FLAG_RECOVERY, AddRequest, AddResponse
+from ..client.reads import read_copy, write_copy
+from ..errors import BookKeeperError
+from ..rate_limit import RateLimiter
 
 
 class ReplicationError(BookKeeperError):
@@ -33,28 +33,7 @@ class ReplicationError(BookKeeperError):
     code = -200  # BookKeeper's ReplicationException
 
 
-class RateLimiter:
-    """A token bucket of ``rate_bytes_per_s`` with a burst of a tenth of a second."""
-
-    def __init__(self, rate_bytes_per_s: int) -> None:
-        self.rate = float(rate_bytes_per_s)
-        self.burst = max(self.rate / 10, 1.0)
-        self.tokens = self.burst
-        self.updated: float | None = None
-        self.waited_s = 0.0
-
-    async def acquire(self, size: int) -> None:
-        """Wait until ``size`` bytes may go (a size over the burst waits for its own time)."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if self.updated is not None:
-            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
-        self.updated = now
-        self.tokens -= size
-        if self.tokens < 0:
-            wait_s = -self.tokens / self.rate
-            self.waited_s += wait_s
-            await asyncio.sleep(wait_s)
+__all__ = ["RateLimiter", "ReplicationError", "copy_entries"]
 
 
 async def copy_entries(
@@ -84,11 +63,8 @@ async def copy_entries(
                     f"ledger {ledger_id}: no good copy of entry {entry_id} on {sources(entry_id)}"
                 )
             await limiter.acquire(len(copy.payload))
-            answer = await request(ctx, target, AddRequest, ledger_id, entry_id,
-                                   ADD_FLAG_RECOVERY, master_key, copy.entry_lac, copy.payload,
-                                   copy.digest)  # fmt: skip
-            if type(answer) is not AddResponse or answer.status != StatusCode.OK:
-                why = StatusCode(answer.status).name if hasattr(answer, "status") else answer
+            why = await write_copy(ctx, ledger_id, master_key, target, copy)
+            if why is not None:
                 raise ReplicationError(
                     f"ledger {ledger_id}: {target} refused entry {entry_id}: {why}"
                 )

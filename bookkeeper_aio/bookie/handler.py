@@ -32,10 +32,19 @@ recently loaded one with no parked read and no fence being synced is dropped (th
 everything needed to load it again).
 
 This handler keeps no per-request task: at 100k adds/s a task per add costs more than the add.
+
+Beside the protocol's state, each ledger's ``LedgerInfo`` carries its *ledger record* (the
+ledger's metadata as the bookie last read it, for rebuilding a lost metadata store: BP-31,
+``metadata/ledger_record.py``). It is never part of a state change: every info this handler
+writes keeps the stored record (:meth:`RequestHandler._put_info`), and only
+:meth:`RequestHandler.set_record` changes it. ``on_new_ledger`` tells the bookie of a ledger
+it just learned of (so it reads its metadata); SCRUB and LEDGER_RECORDS are the operator's
+requests (``shell scrub``, ``shell recover-metadata``).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -53,8 +62,9 @@ from ..digest import (
     payload_digest,
     unpack_entry_record,
 )
-from ..engine import Engine
+from ..engine import Engine, LedgerInfo
 from ..errors import JournalFailedError, StatusCode
+from ..metadata.ledger_record import Held, pack_held
 from ..protocol import (
     ADD_FLAG_RECOVERY,
     INT64_MAX,
@@ -68,6 +78,8 @@ from ..protocol import (
     BookieInfoRequest,
     BookieInfoResponse,
     ErrorResponse,
+    LedgerRecordsRequest,
+    LedgerRecordsResponse,
     ListEntriesRequest,
     ListEntriesResponse,
     Message,
@@ -77,6 +89,8 @@ from ..protocol import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    ScrubRequest,
+    ScrubResponse,
     WriteLacRequest,
     WriteLacResponse,
     as_part,
@@ -131,6 +145,10 @@ class RequestHandler:
         self.counters: Counter[str] = Counter()
         self._ledgers: dict[int, LedgerState] = {}  # oldest loaded first (evicted first)
         self._on_fatal = on_fatal
+        # Set by the bookie: a ledger learned of (its metadata is to be read), the scrubber's
+        # state as a ScrubResponse's counters (``start``: run a pass now).
+        self.on_new_ledger: Callable[[int], None] | None = None
+        self.scrub_control: Callable[[bool], Sequence[int]] | None = None
         self._inline = Peer()  # the peer of a request handed in without one
         self._dispatch: dict[type, Callable[[Any, Reply, Peer], None]] = {
             AddRequest: self._add,
@@ -141,6 +159,8 @@ class RequestHandler:
             WriteLacRequest: self._write_lac,
             ListEntriesRequest: self._list_entries,
             BookieInfoRequest: self._bookie_info,
+            ScrubRequest: self._scrub,
+            LedgerRecordsRequest: self._ledger_records,
         }
 
     # --- entry point --------------------------------------------------------------------
@@ -193,9 +213,27 @@ class RequestHandler:
 
     def _new_ledger(self, ledger_id: int, master_key: bytes, view: LedgerView) -> LedgerState:
         state = LedgerState(ledger_id, master_key, view)
-        self.engine.put_ledger(ledger_id, state.info())  # first: a failure leaves no trace
+        self._put_info(ledger_id, state.info())  # first: a failure leaves no trace
         self._remember(state)
+        if self.on_new_ledger is not None:
+            self.on_new_ledger(ledger_id)
         return state
+
+    def _put_info(self, ledger_id: int, info: LedgerInfo) -> None:
+        """Store a ledger's info, keeping its ledger record (module docstring)."""
+        old = self.engine.get_ledger(ledger_id)
+        if old is not None and old.record:
+            info = info.replace(record=old.record)
+        self.engine.put_ledger(ledger_id, info)
+
+    def set_record(self, ledger_id: int, record: bytes) -> bool:
+        """Keep ``record`` as the ledger's record; False if the ledger is not here or already
+        has it. Not journaled: a record lost in a crash is read again by the next scrub pass."""
+        info = self.engine.get_ledger(ledger_id)
+        if info is None or info.record == record:
+            return False
+        self.engine.put_ledger(ledger_id, info.replace(record=record))
+        return True
 
     def _remember(self, state: LedgerState) -> None:
         """Cache ``state``; past ``ledger_cache_max`` drop the oldest one that is evictable
@@ -240,7 +278,7 @@ class RequestHandler:
         data was lost has no key yet (``UNKNOWN_KEY``): the first client that proves one (a
         fence, a recovery add) teaches it, as BookKeeper's empty-key limbo records do."""
         if state.master_key == UNKNOWN_KEY and key is not None and len(key) == MASTER_KEY_BYTES:
-            self.engine.put_ledger(state.ledger_id, state.info(master_key=key))
+            self._put_info(state.ledger_id, state.info(master_key=key))
             state.master_key = key
         return key == state.master_key
 
@@ -251,7 +289,7 @@ class RequestHandler:
         have lost entries."""
         state = self.ledger(ledger_id) or self._new_ledger(ledger_id, master_key, LedgerView.LIMBO)
         target = LedgerView.LIMBO if limbo else LedgerView.FENCED
-        self.engine.put_ledger(ledger_id, state.info(target))
+        self._put_info(ledger_id, state.info(target))
         state.move_to(target)
         state.wake_waiters()
         self.journal.append(REC_LIMBO, limbo_body(ledger_id, state.master_key, limbo), done)
@@ -437,7 +475,7 @@ class RequestHandler:
             then(StatusCode.UNAUTHORIZED)
             return
         elif not state.fenced:
-            self.engine.put_ledger(ledger_id, state.info(LedgerView.FENCED))
+            self._put_info(ledger_id, state.info(LedgerView.FENCED))
             state.move_to(LedgerView.FENCED)
             state.fence_durable = False
             state.wake_waiters()  # tailing readers learn at once that the writer is gone
@@ -565,7 +603,7 @@ class RequestHandler:
             return
         proof = LacProof(LAC_RECORD_ENTRY_ID, req.lac, 0, req.digest)
         if state.explicit_lac is None or proof.lac > state.explicit_lac.lac:
-            self.engine.put_ledger(lid, state.info(explicit_lac=proof))
+            self._put_info(lid, state.info(explicit_lac=proof))
             state.explicit_lac = proof
         if state.offer_lac(proof):
             state.wake_waiters()
@@ -596,6 +634,37 @@ class RequestHandler:
         free, total = self.disk_space
         reply(BookieInfoResponse(req.request_id, OK, free, total, self.read_only,
                                  self.config.bookie_id))  # fmt: skip
+
+    # --- operator requests: scrub, ledger records ------------------------------------------
+
+    def _scrub(self, req: ScrubRequest, reply: Reply, peer: Peer) -> None:
+        if self.scrub_control is None:
+            reply(ErrorResponse(req.request_id, StatusCode.BAD_REQUEST, "no scrubber here"))
+            return
+        reply(ScrubResponse(req.request_id, OK, *self.scrub_control(req.start)))
+
+    def _ledger_records(self, req: LedgerRecordsRequest, reply: Reply, peer: Peer) -> None:
+        """A page of ledgers from ``start_ledger_id``: at most ``ledger_records_max`` of them
+        and about half a frame of bytes (records carry custom metadata)."""
+        if req.max_count <= 0:
+            reply(LedgerRecordsResponse(req.request_id, StatusCode.BAD_REQUEST, [], -1))
+            return
+        ledgers = self.engine.ledgers()
+        start = bisect.bisect_left(ledgers, req.start_ledger_id)
+        count = min(req.max_count, self.config.ledger_records_max)
+        budget = self.config.frame_bytes_max // 2
+        records: list[bytes] = []
+        for ledger_id in ledgers[start : start + count]:
+            info = self.engine.get_ledger(ledger_id) or LedgerInfo()
+            last = self.engine.last_entry_id(ledger_id)
+            item = pack_held(Held(ledger_id, info.master_key, last, info.record))
+            if records and len(item) > budget:
+                break
+            budget -= len(item)
+            records.append(item)
+        end = start + len(records)
+        next_id = ledgers[end] if end < len(ledgers) else -1
+        reply(LedgerRecordsResponse(req.request_id, OK, records, next_id))
 
 
 def to_ranges(ids: list[int]) -> list[list[int]]:
@@ -634,4 +703,8 @@ def error_response(request: Message, status: int) -> Message:
         return WriteLacResponse(rid, status, request.ledger_id)
     if isinstance(request, ListEntriesRequest):
         return ListEntriesResponse(rid, status, request.ledger_id, [], -1)
+    if isinstance(request, LedgerRecordsRequest):
+        return LedgerRecordsResponse(rid, status, [], -1)
+    if isinstance(request, ScrubRequest):
+        return ErrorResponse(rid, status, "scrub failed")
     return BookieInfoResponse(rid, status, 0, 0, True, "")

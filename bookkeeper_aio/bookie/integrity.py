@@ -218,18 +218,28 @@ class DataIntegrity:
         self, ledger_id: int, entry_id: int, peers: list[str], limit: asyncio.Semaphore
     ) -> tuple[int, bool]:
         async with limit:
-            response: Any = await read_copy(self.ctx, ledger_id, entry_id, peers)
-            if response is None:
+            if not await copy_from_peers(self.ctx, self.handler, ledger_id, entry_id, peers):
                 self.counters["copy_failures"] += 1
                 return entry_id, False
-            record = pack_entry_record(response.entry_lac, payload_digest(response.payload),
-                                       response.digest, response.payload)  # fmt: skip
-            done = asyncio.get_running_loop().create_future()
-            self.handler.store_copy(ledger_id, entry_id, record,
-                                    lambda exc, d=done: _settle(d, exc))  # fmt: skip
-            await done
             self.counters["entries_copied"] += 1
             return entry_id, True
+
+
+async def copy_from_peers(
+    ctx: ClientContext, handler: RequestHandler, ledger_id: int, entry_id: int, peers: list[str]
+) -> bool:
+    """Store here a digest-verified copy of the entry from the first of ``peers`` that has one
+    (as durable as an add once it returns True); False if none has. The one way a bookie
+    repairs its own copies: a missing one (this module), a corrupt one (the scrubber)."""
+    response: Any = await read_copy(ctx, ledger_id, entry_id, peers)
+    if response is None:
+        return False
+    record = pack_entry_record(response.entry_lac, payload_digest(response.payload),
+                               response.digest, response.payload)  # fmt: skip
+    done = asyncio.get_running_loop().create_future()
+    handler.store_copy(ledger_id, entry_id, record, lambda exc: _settle(done, exc))
+    await done
+    return True
 
 
 def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:

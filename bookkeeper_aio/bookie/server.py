@@ -33,7 +33,10 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from ..config import BookieConfig, MetadataConfig
+from ..client.bookie_client import BookiePool
+from ..client.context import ClientContext
+from ..client.placement import PlacementPolicy
+from ..config import BookieConfig, ClientConfig, MetadataConfig
 from ..engine import Engine
 from ..metadata.store import BookieRegistration, MetadataStore, open_metadata_store
 from ..net import Network, Server, TcpNetwork
@@ -44,6 +47,8 @@ from .gc import GarbageCollector
 from .handler import RequestHandler
 from .integrity import BOOKIE_BUGS, DataIntegrity
 from .ledger_dirs import LedgerDirs
+from .ledger_records import LedgerRecords
+from .scrubber import Scrubber
 from .storage import BookieJournal, BookieStorage, DiskStorage
 
 log = logging.getLogger(__name__)
@@ -95,6 +100,8 @@ class Bookie:
         self.gc: GarbageCollector | None = None
         self._wall_clock_ms = wall_clock_ms or (lambda: int(time.time() * 1000))
         self._gc_lock = asyncio.Lock()  # one pass at a time (the loop and on-demand passes)
+        self.scrubber: Scrubber | None = None  # BP-31 bit rot
+        self.records: LedgerRecords | None = None  # BP-31 metadata recovery
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -144,6 +151,9 @@ class Bookie:
         if isinstance(self._engine, LedgerDirs):
             self._engine.on_failed = self._dir_failed
         self._handler = RequestHandler(self._engine, journal, cfg, on_fatal=self._fatal)
+        if self.metadata is not None and cfg.ledger_records:
+            self.records = LedgerRecords(cfg.bookie_id, self._handler, self.metadata)
+            self._handler.on_new_ledger = self.records.learned  # before serving: none missed
         await journal.checkpoint(self._engine.sync)
         await self._check_disks()
         await self._preboot(cookies)
@@ -168,6 +178,7 @@ class Bookie:
             )  # fmt: skip
             if cfg.gc_interval_s > 0:
                 self._tasks.append(self._background(self._gc_loop(), "bookie-gc"))
+        self._start_scrubber()
         if cfg.autorecovery and self.metadata is not None:
             from ..autorecovery.service import in_bookie  # an optional part of the bookie
 
@@ -182,6 +193,21 @@ class Bookie:
             "bookie %s serving on %s (engine %s, %d journal records replayed)",
             cfg.bookie_id, cfg.listen, cfg.engine, replayed,
         )  # fmt: skip
+
+    def _start_scrubber(self) -> None:
+        """The scrubber (and the ledger records' task): repairs need a metadata store (the
+        peers of an entry) and connections to peers."""
+        ctx = None
+        if self.metadata is not None:
+            client_config = ClientConfig()
+            pool = BookiePool(self.network, client_config, self.rng)
+            self._exit_stack.push_async_callback(pool.close)
+            ctx = ClientContext(client_config, self.metadata, pool, self.rng, PlacementPolicy())
+        self.scrubber = Scrubber(self.config, self.handler, ctx, self.records, self.rng)
+        self.handler.scrub_control = self.scrubber.control
+        self._tasks.append(self._background(self.scrubber.run(), "bookie-scrubber"))
+        if self.records is not None:
+            self._tasks.append(self._background(self.records.run(), "bookie-ledger-records"))
 
     async def _preboot(self, cookies: CookieCheck | None) -> None:
         """BP-46 phase one, before serving: after an unclean shutdown without the journal, or
@@ -441,6 +467,8 @@ class Bookie:
             "journal": self._journal.statistics() if self._journal else {},
             "integrity": self.integrity.statistics() if self.integrity else {},
             "autorecovery": self.autorecovery.statistics() if self.autorecovery else {},
+            "scrubber": self.scrubber.statistics() if self.scrubber else {},
+            "ledger_records": self.records.statistics() if self.records else {},
             "ledger_dirs": self._engine.statistics() if isinstance(self._engine, LedgerDirs)
             else {},
             "gc": self.gc.statistics() if self.gc else {},

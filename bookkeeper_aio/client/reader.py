@@ -18,6 +18,7 @@ from ..errors import IncorrectParameterError, ReadError
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..protocol import ReadLacRequest
 from .context import ClientContext, LedgerEntry
+from .read_repair import ReadRepair
 from .reads import long_poll, proof_lac, read_entry, request
 from .short_copies import ShortCopies
 
@@ -78,16 +79,23 @@ class LedgerReader:
         md = self.metadata
         window = asyncio.Semaphore(self.ctx.config.reads_parallel_max)
         short = ShortCopies(self.ctx.metadata, self.ledger_id, "read error")
+        repair = ReadRepair(self.ctx, md, short) if self.ctx.config.read_repair else None
         lac = self.last_add_confirmed
 
         async def one(entry_id: int) -> LedgerEntry:
             async with window:  # a long range must not exceed the connections' bounds
-                below = entry_id <= lac  # it exists: a replica without it is short (BP-31)
-                return await read_entry(self.ctx, md, entry_id, short.add if below else None)
+                if entry_id > lac:
+                    return await read_entry(self.ctx, md, entry_id)
+                # It exists: a replica without it is short, one with a bad copy is repaired
+                # (BP-31: detection and repair in the read path).
+                return await read_entry(self.ctx, md, entry_id, short.add,
+                                        repair.note if repair else None)  # fmt: skip
 
         try:
             return list(await asyncio.gather(*(one(e) for e in range(first, last + 1))))
         finally:
+            if repair is not None:
+                await repair.run()
             if self.ctx.config.mark_short_copies:
                 await short.report()
 

@@ -9,6 +9,11 @@ corrupt answer moves on at once. Every copy's digest is recomputed ("assert twic
 counts as a failed replica, never as data. The result is the first good copy, or an error that
 keeps BookKeeper's distinction: NoSuchEntryError only if *every* replica gave an explicit
 negative, otherwise ReadError (unknown).
+
+Read repair (BP-31 "no repair in the read path"): a replica that answered with a corrupt copy,
+BAD_DIGEST or IO_ERROR is handed, with the good copy found afterwards, to the caller's
+``repair`` callback (``read_repair.py`` writes the copy back with :func:`write_copy`); with no
+good copy anywhere it is reported short like any other replica without one.
 """
 
 from __future__ import annotations
@@ -21,7 +26,15 @@ from typing import Any
 from ..digest import LacProof, entry_digest
 from ..errors import BookKeeperError, NoSuchEntryError, ReadError, StatusCode, is_explicit_negative
 from ..metadata.model import LedgerMetadata
-from ..protocol import READ_FLAG_FENCE, READ_FLAG_LONG_POLL, ReadRequest, ReadResponse
+from ..protocol import (
+    ADD_FLAG_RECOVERY,
+    READ_FLAG_FENCE,
+    READ_FLAG_LONG_POLL,
+    AddRequest,
+    AddResponse,
+    ReadRequest,
+    ReadResponse,
+)
 from ..quorum import write_set
 from .context import ClientContext, LedgerEntry
 
@@ -37,6 +50,10 @@ SHORT_COPY_STATUSES = frozenset(
         StatusCode.BAD_DIGEST,
     }
 )
+# Of those, the answers of a replica that holds the entry but cannot give it intact: its copy
+# is rewritten from a good one (read repair). A missing copy is autorecovery's (marks).
+BAD_COPY_STATUSES = frozenset({StatusCode.OK, StatusCode.IO_ERROR, StatusCode.BAD_DIGEST})
+Repair = Callable[[int, ReadResponse, list[str]], None]
 
 
 def entry_ok(ledger_id: int, response: Any) -> bool:
@@ -77,6 +94,24 @@ async def read_copy(
     return None
 
 
+async def write_copy(
+    ctx: ClientContext, ledger_id: int, master_key: bytes, target: str, copy: ReadResponse
+) -> str | None:
+    """Write a verified copy (:func:`read_copy`) to ``target`` with the **recovery flag**
+    (a fenced or closed ledger takes it; the entry keeps its own LAC and digest, which the
+    target checks again; an existing copy is overwritten). None once stored, else why not.
+    What every writer of copies uses (autorecovery's copier, read repair)."""
+    answer = await request(ctx, target, AddRequest, ledger_id, copy.entry_id, ADD_FLAG_RECOVERY,
+                           master_key, copy.entry_lac, copy.payload, copy.digest)  # fmt: skip
+    if type(answer) is AddResponse and answer.status == StatusCode.OK:
+        return None
+    status = getattr(answer, "status", None)
+    try:
+        return StatusCode(status).name
+    except ValueError:  # not a status: an exception, or a number we do not know
+        return str(answer if status is None else status)
+
+
 def replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
     """The bookies holding ``entry_id``, in write-set order."""
     ensemble = md.ensemble_at(entry_id)
@@ -88,10 +123,13 @@ async def read_entry(
     md: LedgerMetadata,
     entry_id: int,
     short: Callable[[str, int], None] | None = None,
+    repair: Repair | None = None,
 ) -> LedgerEntry:
     """A verified copy of ``entry_id`` (see the module docstring). ``short(bookie, entry)``
     is told of every replica that answered with an error, "no such entry" or a corrupt copy
-    (the caller knows the entry exists: BP-31 read-path detection).
+    (the caller knows the entry exists: BP-31 read-path detection); with ``repair``, the
+    replicas whose copy is bad go to ``repair(entry, good copy, bookies)`` instead once a good
+    copy is found (and to ``short`` if none is).
 
     Raises:
         NoSuchEntryError: every replica says it does not have the entry.
@@ -102,6 +140,7 @@ async def read_entry(
     remaining = collections.deque(replicas(md, entry_id))
     pending: set[asyncio.Future[Any]] = set()
     negatives = 0
+    bad: list[str] = []  # replicas with a bad copy, for repair
 
     asked: dict[asyncio.Future[Any], str] = {}
 
@@ -124,16 +163,24 @@ async def read_entry(
             for task in done:
                 result = task.result()
                 if entry_ok(lid, result):
+                    if bad and repair is not None:
+                        repair(entry_id, result, bad)
                     return LedgerEntry(entry_id, result.payload)
                 status = getattr(result, "status", None)
                 negatives += status is not None and is_explicit_negative(status)
-                if short is not None and status in SHORT_COPY_STATUSES:
+                if short is None or status not in SHORT_COPY_STATUSES:
+                    continue
+                if repair is not None and status in BAD_COPY_STATUSES:
+                    bad.append(asked[task])
+                else:
                     short(asked[task], entry_id)
             if remaining:
                 ask_next()  # a failed or corrupt answer moves on at once
     finally:
         for task in pending:
             task.cancel()
+    for bookie in bad:  # no good copy to repair them from
+        short(bookie, entry_id)  # type: ignore[misc]
     if negatives == md.write_quorum:
         raise NoSuchEntryError(f"ledger {lid}: no replica has entry {entry_id}")
     raise ReadError(f"ledger {lid}: no good copy of entry {entry_id}")
@@ -168,4 +215,5 @@ __all__ = [
     "read_copy",
     "read_entry",
     "replicas",
+    "write_copy",
 ]

@@ -157,6 +157,21 @@ class EtcdMetadataStore(EtcdKeys):
             f"no free ledger id in {self.config.create_attempts_max} random draws"
         )
 
+    async def restore_ledger(self, metadata: LedgerMetadata) -> Versioned | None:
+        key, data = self._ledger_key(metadata.ledger_id), encode_ledger(metadata, self.config)
+        ok, responses, attempts = await self._txn(
+            f"restore ledger {metadata.ledger_id}",
+            compare=[tx.Create(key) == 0],
+            success=[tx.Put(key, data)],
+            failure=[tx.Get(key)],
+        )
+        if ok:
+            return Versioned(metadata, _put_revision(responses))
+        found = _got(responses)
+        if found is not None and attempts > 1 and found.value == data:
+            return Versioned(metadata, found.mod_revision)  # our first attempt landed
+        return None
+
     async def read_ledger(self, ledger_id: int) -> Versioned:
         key = self._ledger_key(ledger_id)
         found = await self.conn.call(lambda c: c.get(key), f"read ledger {ledger_id}")

@@ -269,6 +269,16 @@ class MemoryMetadataStore(MemoryKeys):
         self._after()
         return versioned
 
+    async def restore_ledger(self, metadata: LedgerMetadata) -> Versioned | None:
+        await self._before()
+        data = encode_ledger(metadata, self.config)
+        if metadata.ledger_id in self.state.ledgers:
+            self._after()
+            return None
+        versioned = self._store(metadata.ledger_id, data)
+        self._after()
+        return versioned
+
     async def read_ledger(self, ledger_id: int) -> Versioned:
         await self._before()
         found = self._stored(ledger_id)

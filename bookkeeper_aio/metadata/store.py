@@ -93,6 +93,15 @@ class MetadataStore(Protocol):
         """The ledger's metadata and version. Raises NoSuchLedgerError."""
         ...
 
+    async def restore_ledger(self, metadata: LedgerMetadata) -> Versioned | None:
+        """Store ``metadata`` under its own id if no ledger has that id (the metadata recovery
+        tool, ``shell recover-metadata``); None if one has (it is left as it is).
+
+        Raises:
+            IncorrectParameterError: the encoded metadata is over ``value_bytes_max``.
+        """
+        ...
+
     async def write_ledger(
         self, ledger_id: int, metadata: LedgerMetadata, expected_version: int
     ) -> Versioned:

@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     _kafka_commands(commands)
     spark.add_commands(commands)
     _autorecovery_commands(commands)
+    _integrity_commands(commands)
     return parser
 
 
@@ -82,6 +83,39 @@ def _delete_commands(commands: Any) -> None:
     )
     stones.add_argument("--json", action="store_true", help="one JSON object per line")
     stones.set_defaults(run=_metadata_command)
+
+
+def _integrity_commands(commands: Any) -> None:
+    """scrub, recover-metadata (BP-31; docs/durability.md)."""
+    scrub = commands.add_parser(
+        "scrub", help="one scrub pass on a bookie now: re-read every entry, check its digests, "
+        "repair bad copies from peers (progress bar; exit 1 if one could not be repaired)",
+    )  # fmt: skip
+    scrub.add_argument("--bookie", required=True, metavar="BOOKIE_ID")
+    scrub.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                       help="give up waiting after this long (exit 1; it goes on)")  # fmt: skip
+    scrub.set_defaults(run=_integrity_command)
+    recover = commands.add_parser(
+        "recover-metadata", help="rebuild the ledgers' metadata from the bookies after the "
+        "metadata store was lost (progress bars)",
+    )  # fmt: skip
+    recover.add_argument("--merge", action="store_true",
+                         help="the store still has ledgers: add only those it lacks")  # fmt: skip
+    recover.add_argument("--bookie", action="append", default=[], metavar="BOOKIE_ID",
+                         help="also ask this bookie (repeatable; registered ones are)")  # fmt: skip
+    recover.set_defaults(run=_integrity_command)
+
+
+async def _integrity_command(args: argparse.Namespace) -> tuple[str, int]:
+    if not args.metadata:
+        raise ConfigError(f"{args.command} needs --metadata URI (before the command)")
+    if args.command == "scrub":
+        from .scrub import scrub
+
+        return await scrub(args.metadata, args.bookie, args.timeout)
+    from .recover import recover_metadata
+
+    return await recover_metadata(args.metadata, args.merge, args.bookie)
 
 
 def _autorecovery_commands(commands: Any) -> None:

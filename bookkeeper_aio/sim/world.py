@@ -219,6 +219,10 @@ class SimBookie:
             # GC passes run during the simulation: the checkers then see that deleting the
             # data of truncated logs' ledgers never touches a live one.
             gc_interval_s=1.5,
+            # Not simulated (yet): the scrubber runs only when asked, no ledger records (their
+            # metadata reads would change every seed's schedule).
+            scrub_interval_s=0.0,
+            ledger_records=False,
         )
 
     async def start(self) -> None:
