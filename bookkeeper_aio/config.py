@@ -40,6 +40,21 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def check_tls_files(
+    owner: str, ca_file: str | None, cert_file: str | None, key_file: str | None
+) -> None:
+    """A certificate needs its key (and the other way round); a client certificate is only
+    sent over TLS, so it needs the CA that TLS verifies the server with.
+
+    Raises:
+        ConfigError: an incomplete combination.
+    """
+    if (cert_file is None) != (key_file is None):
+        raise ConfigError(f"{owner}: tls_cert_file and tls_key_file go together")
+    if cert_file is not None and ca_file is None:
+        raise ConfigError(f"{owner}: tls_cert_file needs tls_ca_file (the server's CA)")
+
+
 def set_options(items: list[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` options as config overrides: values in TOML syntax (``3``, ``true``,
     ``"x"``), anything else taken as a bare string.
@@ -278,6 +293,16 @@ class BookieConfig(AutorecoverySettings):
     # INJECT_IO_ERROR exists in that dir (docs/durability.md, disk problems).
     engine_fault_injection: bool = False
 
+    # The HTTP admin API and /metrics (docs/operations.md): HOST:PORT, bound to that only.
+    http_listen: str | None = None
+    # TLS (docs/operations.md): the bookie's certificate and key; with tls_client_ca_file,
+    # clients must present a certificate that CA signed (mutual TLS). tls_ca_file: the CA
+    # this bookie trusts when it connects to other bookies (repair, in-process autorecovery).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    tls_ca_file: str | None = None
+
     def validate(self) -> None:
         super().validate()
         parse_address(self.listen)
@@ -314,6 +339,12 @@ class BookieConfig(AutorecoverySettings):
             raise ConfigError("autorecovery=true needs metadata_uri (marks and locks live there)")
         if self.connection_long_polls_max > self.long_poll_parked_max:
             raise ConfigError("connection_long_polls_max must be <= long_poll_parked_max")
+        if self.http_listen is not None:
+            parse_address(self.http_listen)
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ConfigError("tls_client_ca_file needs tls_cert_file and tls_key_file")
 
     @property
     def bookie_id(self) -> str:
@@ -367,9 +398,15 @@ class ClientConfig(_Config):
     # BP-31: writers and readers mark a ledger under-replicated when they see a copy missing
     # (a bookie failed after the entry reached AQ; a replica's error or bad digest).
     mark_short_copies: bool = True
+    # TLS to the bookies (docs/operations.md): the CA that signed their certificates; a
+    # client certificate and key for bookies that require one (mutual TLS).
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def validate(self) -> None:
         super().validate()
+        check_tls_files("client", self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
         backoffs = (("reconnect_backoff_s", "reconnect_backoff_max_s"),
                     ("overload_retry_backoff_s", "overload_retry_backoff_max_s"))  # fmt: skip
         for first, most in backoffs:
@@ -398,9 +435,15 @@ class MetadataConfig(_Config):
     list_page_max: int = 1000  # keys per page when listing ledgers
     value_bytes_max: int = 256 * KiB  # one encoded value (etcd refuses requests > 1.5 MiB)
     create_attempts_max: int = 16  # random ledger ids tried before giving up
+    # etcd over TLS (an etcds:// URI; docs/operations.md): the CA that signed etcd's
+    # certificate, and a client certificate and key if etcd requires one.
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def validate(self) -> None:
         super().validate()
+        check_tls_files("metadata", self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
         if self.keepalive_interval_s >= self.lease_ttl_s:
             raise ConfigError(
                 f"keepalive_interval_s ({self.keepalive_interval_s}) must be below "
@@ -511,8 +554,11 @@ class AutorecoveryConfig(AutorecoverySettings):
     metadata_uri: str = ""  # etcd://HOST:PORT[,...]/ROOT or memory://NAME
     worker_id: str = ""  # how marks' locks and the auditor seat name this process; "" : host:pid
     lease_ttl_s: int = 10  # the auditor seat's lease: a dead auditor is replaced after this
+    http_listen: str | None = None  # /metrics and the admin API (docs/operations.md)
 
     def validate(self) -> None:
         super().validate()
+        if self.http_listen is not None:
+            parse_address(self.http_listen)
         if not self.metadata_uri:
             raise ConfigError("metadata_uri is required (--metadata URI)")

@@ -34,7 +34,7 @@ from typing import Any
 from ..config import BookieConfig, MetadataConfig
 from ..engine import Engine
 from ..metadata.store import BookieRegistration, MetadataStore, open_metadata_store
-from ..net import Network, Server, TcpNetwork
+from ..net import Network, Server, bookie_network
 from .connection import BookieConnection
 from .cookie import CookieCheck
 from .disk import next_read_only
@@ -64,7 +64,7 @@ class Bookie:
         by default TCP, the configured dirs (with ``engine`` if given) and ``metadata_uri``."""
         config.validate()
         self.config = config
-        self.network = network or TcpNetwork()
+        self.network = network or bookie_network(config)
         self.storage = storage or DiskStorage(config, engine)
         self.rng = rng or random.Random()
         self.bugs = bugs  # simulator only: BP-46 bug switches (integrity.BOOKIE_BUGS)
@@ -86,6 +86,7 @@ class Bookie:
         self.instance_id: str | None = None
         self._registration: BookieRegistration | None = None
         self.autorecovery: Any = None  # BP-31 --autorecovery: the in-process service
+        self.http_address: str | None = None  # where the admin API listens (http_listen)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -154,6 +155,12 @@ class Bookie:
 
             self.autorecovery = await self._exit_stack.enter_async_context(
                 in_bookie(cfg, self.metadata, self.network, cfg.bookie_id, self.rng)
+            )
+        if cfg.http_listen is not None:
+            from ..admin_http.bookie import serve_bookie_http  # aiohttp only when asked
+
+            self.http_address = await self._exit_stack.enter_async_context(
+                serve_bookie_http(self, cfg.http_listen)
             )
         if self.integrity is not None:
             # With the journal, only a repair (wiped dir, limbo left over) needs checking: once.
