@@ -555,10 +555,15 @@ class AutorecoveryConfig(AutorecoverySettings):
     worker_id: str = ""  # how marks' locks and the auditor seat name this process; "" : host:pid
     lease_ttl_s: int = 10  # the auditor seat's lease: a dead auditor is replaced after this
     http_listen: str | None = None  # /metrics and the admin API (docs/operations.md)
+    # TLS to the bookies, as ClientConfig's keys of the same names.
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def validate(self) -> None:
         super().validate()
         if self.http_listen is not None:
             parse_address(self.http_listen)
+        check_tls_files("autorecovery", self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
         if not self.metadata_uri:
             raise ConfigError("metadata_uri is required (--metadata URI)")
