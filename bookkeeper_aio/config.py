@@ -295,6 +295,9 @@ class BookieConfig(AutorecoverySettings):
 
     # The HTTP admin API and /metrics (docs/operations.md): HOST:PORT, bound to that only.
     http_listen: str | None = None
+    # Latency and journal batch histograms (false: the counters and gauges only; the
+    # benchmarks' metrics-cost row compares the two).
+    metrics_latency: bool = True
     # TLS (docs/operations.md): the bookie's certificate and key; with tls_client_ca_file,
     # clients must present a certificate that CA signed (mutual TLS). tls_ca_file: the CA
     # this bookie trusts when it connects to other bookies (repair, in-process autorecovery).

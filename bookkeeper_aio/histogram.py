@@ -76,3 +76,23 @@ class Histogram:
             if running >= rank and running:
                 return bound
         return 0.0
+
+
+class NullHistogram(Histogram):
+    """Observes nothing: where latency metrics are turned off (``metrics_latency = false``;
+    the benchmarks measure what they cost against this)."""
+
+    __slots__ = ()
+
+    def observe(self, value: float) -> None:
+        pass
+
+
+def new_histogram(enabled: bool, bounds: Sequence[float] = LATENCY_BOUNDS_S) -> Histogram:
+    """A :class:`Histogram`, or a :class:`NullHistogram` when not ``enabled``."""
+    return Histogram(bounds) if enabled else NullHistogram(bounds)
+
+
+def no_clock() -> float:
+    """The clock of code whose latency is not measured."""
+    return 0.0

@@ -177,3 +177,19 @@ def test_rereplication(tmp_path):
     result = json.loads(out.read_text())
     assert result["copied_mib"] >= 5 and result["copy_mb_per_s"] > 0  # the lost bookie's share
     assert result["restore_s"] > result["detect_s"] > 0 and result["disk_limit_mb_per_s"] > 0
+
+
+def test_ops_costs_of_metrics_and_tls(tmp_path):
+    out = tmp_path / "ops.json"
+    cmd = [sys.executable, "-m", "benchmarks", "ops", *TINY, "--outstanding", "16",
+           "--engine", "memory", "--rounds", "1", "--scrape-interval", "0.1",
+           "--dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for variant in ("plain", "metrics", "tls"):
+        r = result[variant]
+        assert set(r) >= BASE_KEYS and r["entries_per_s"] > 0 and r["errors"] == 0, r
+        assert r["bookie_cpu_us_per_entry"] > 0
+    assert result["metrics"]["ratio_vs_plain"] > 0 and result["tls"]["cpu_ratio_vs_plain"] > 0
+    assert result["scrapes"] >= 1

@@ -57,7 +57,7 @@ from ..digest import (
 )
 from ..engine import Engine
 from ..errors import JournalFailedError, StatusCode
-from ..histogram import Histogram
+from ..histogram import new_histogram, no_clock
 from ..protocol import (
     ADD_FLAG_RECOVERY,
     INT64_MAX,
@@ -133,8 +133,10 @@ class RequestHandler:
         self.parked = 0  # long polls parked, in all
         self.counters: Counter[str] = Counter()
         # Seconds from an add request to its durable answer; of a plain read (/metrics).
-        self.add_latency = Histogram()
-        self.read_latency = Histogram()
+        timed = config.metrics_latency
+        self.add_latency = new_histogram(timed)
+        self.read_latency = new_histogram(timed)
+        self._clock = perf_counter if timed else no_clock
         self._ledgers: dict[int, LedgerState] = {}  # oldest loaded first (evicted first)
         self._on_fatal = on_fatal
         self._inline = Peer()  # the peer of a request handed in without one
@@ -272,7 +274,7 @@ class RequestHandler:
     # --- add ------------------------------------------------------------------------------
 
     def _add(self, req: AddRequest, reply: Reply, peer: Peer) -> None:
-        started = perf_counter()
+        started = self._clock()
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
         pdigest = payload_digest(req.payload)
         record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
@@ -285,7 +287,7 @@ class RequestHandler:
 
         def durable(exc: BaseException | None) -> None:
             reply(AddResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid, eid))
-            self.add_latency.observe(perf_counter() - started)
+            self.add_latency.observe(self._clock() - started)
 
         self.journal.append(*entries_record(lid, journaled), durable)
 
@@ -294,7 +296,7 @@ class RequestHandler:
     ) -> int:
         """Each entry as :meth:`_add` would; one journal record for the stored ones and one
         answer once it is durable. Returns how many entries it carried (0 if refused)."""
-        started = perf_counter()
+        started = self._clock()
         rid, lid = req.request_id, req.ledger_id
         try:
             entries_max = entries_max or self.config.request_entries_max
@@ -313,7 +315,7 @@ class RequestHandler:
             if exc is not None:  # the journaled entries are exactly the OK ones
                 final = [StatusCode.IO_ERROR if s is OK else s for s in statuses]
             reply(AddBatchResponse(rid, _first_failure(final), lid, final))
-            self.add_latency.observe(perf_counter() - started)
+            self.add_latency.observe(self._clock() - started)
 
         if len(journaled) == len(entries):  # the request's bytes are the record's body
             self.journal.append(REC_ENTRIES, (LEDGER_KEY.pack(lid), req.entries), durable)
@@ -481,9 +483,9 @@ class RequestHandler:
         elif req.flags & READ_FLAG_LONG_POLL:
             self._long_poll(req, reply, peer)
         else:
-            started = perf_counter()
+            started = self._clock()
             self._read_entry(req, reply)
-            self.read_latency.observe(perf_counter() - started)
+            self.read_latency.observe(self._clock() - started)
 
     def _read_entry(self, req: ReadRequest, reply: Reply, *, missing_ok: bool = False) -> None:
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id

@@ -59,7 +59,7 @@ from pathlib import Path
 from ..config import BookieConfig
 from ..direct_io import BLOCK_BYTES, BlockWriter, open_file, round_up, write_zeros
 from ..errors import JournalFailedError
-from ..histogram import BYTES_BOUNDS, COUNT_BOUNDS, Histogram
+from ..histogram import BYTES_BOUNDS, COUNT_BOUNDS, LATENCY_BOUNDS_S, new_histogram
 from .journal_format import (
     FILE_HEADER,
     REC_ENTRIES,
@@ -154,9 +154,10 @@ class Journal:
         # Each key is counted by one thread only (loop, journal thread, checkpoint worker).
         self._stats = collections.Counter[str]()
         # Written by the journal thread once per batch (histogram.py; read by /metrics).
-        self.sync_latency = Histogram()  # seconds of one batch's write + fdatasync
-        self.batch_records = Histogram(COUNT_BOUNDS)
-        self.batch_bytes = Histogram(BYTES_BOUNDS)
+        timed = config.metrics_latency
+        self.sync_latency = new_histogram(timed, LATENCY_BOUNDS_S)  # one batch's write + sync
+        self.batch_records = new_histogram(timed, COUNT_BOUNDS)
+        self.batch_bytes = new_histogram(timed, BYTES_BOUNDS)
 
     # --- replay ---------------------------------------------------------------------------
 
