@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import uuid
 
@@ -266,3 +267,35 @@ async def test_client_metrics_go_to_the_callers_registry(tmp_path):
         finally:
             for b in bookies:
                 await b.stop()
+
+
+async def test_the_dashboard_uses_metrics_that_exist(tmp_path):
+    from pathlib import Path
+
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "docs/grafana-dashboard.json").read_text()
+    )
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    used = set(re.findall(r"bookkeeper_(?:bookie|client|autorecovery)_[a-z_]+", exprs))
+    uri = f"memory://ops-{uuid.uuid4().hex[:8]}"
+    registry = CollectorRegistry()
+    async with open_metadata_store(uri) as store:
+        await store.init_cluster()
+        async with (
+            Bookie.serve(_config(tmp_path, metadata_uri=uri)) as bookie,
+            BookKeeper.connect(uri, CONFIG, metrics_registry=registry),
+        ):
+            _, _, text = await http("GET", f"http://{bookie.http_address}/metrics")
+            exported = set()
+            for source in (text, generate_latest(registry).decode()):
+                for family in text_string_to_metric_families(source):
+                    exported |= {s.name for s in family.samples} | {family.name}
+                    if family.type == "counter":  # one with no sample yet (a label per reason)
+                        exported.add(family.name + "_total")
+    source = (Path(__file__).parent.parent / "bookkeeper_aio/metrics/autorecovery.py").read_text()
+    for name in sorted(used):
+        if name.startswith("bookkeeper_autorecovery_"):
+            key = name.removeprefix("bookkeeper_autorecovery_").removesuffix("_total")
+            assert f'"{key}' in source, name  # only an auditor exports some: check the source
+        else:
+            assert name in exported, name
