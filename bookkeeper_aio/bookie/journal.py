@@ -59,6 +59,7 @@ from pathlib import Path
 from ..config import BookieConfig
 from ..direct_io import BLOCK_BYTES, BlockWriter, open_file, round_up, write_zeros
 from ..errors import JournalFailedError
+from ..histogram import BYTES_BOUNDS, COUNT_BOUNDS, LATENCY_BOUNDS_S, new_histogram
 from .journal_format import (
     FILE_HEADER,
     REC_ENTRIES,
@@ -152,6 +153,11 @@ class Journal:
         self._mark = (0, 0)
         # Each key is counted by one thread only (loop, journal thread, checkpoint worker).
         self._stats = collections.Counter[str]()
+        # Written by the journal thread once per batch (histogram.py; read by /metrics).
+        timed = config.metrics_latency
+        self.sync_latency = new_histogram(timed, LATENCY_BOUNDS_S)  # one batch's write + sync
+        self.batch_records = new_histogram(timed, COUNT_BOUNDS)
+        self.batch_bytes = new_histogram(timed, BYTES_BOUNDS)
 
     # --- replay ---------------------------------------------------------------------------
 
@@ -337,10 +343,14 @@ class Journal:
                 pieces.append(head)
                 pieces += body
                 size += len(head) + body_size
+            started = time.perf_counter()
             self._write_sync(pieces, self._pos, size)
+            self.sync_latency.observe(time.perf_counter() - started)
         except BaseException as exc:  # any failure of the disk or the code: stop writing
             self._broken = exc
             return exc
+        self.batch_records.observe(len(batch))
+        self.batch_bytes.observe(size)
         self._pos += size
         self._mark = (seq, self._pos)
         self._stats["batches"] += 1

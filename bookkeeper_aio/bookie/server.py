@@ -39,7 +39,7 @@ from ..client.placement import PlacementPolicy
 from ..config import BookieConfig, ClientConfig, MetadataConfig
 from ..engine import Engine
 from ..metadata.store import BookieRegistration, MetadataStore, open_metadata_store
-from ..net import Network, Server, TcpNetwork
+from ..net import Network, Server, bookie_network
 from .connection import BookieConnection
 from .cookie import CookieCheck
 from .disk import next_read_only
@@ -75,7 +75,7 @@ class Bookie:
         is virtual)."""
         config.validate()
         self.config = config
-        self.network = network or TcpNetwork()
+        self.network = network or bookie_network(config)
         self.storage = storage or DiskStorage(config, engine)
         self.rng = rng or random.Random()
         self.bugs = bugs  # simulator only: BP-46 bug switches (integrity.BOOKIE_BUGS)
@@ -102,6 +102,7 @@ class Bookie:
         self._gc_lock = asyncio.Lock()  # one pass at a time (the loop and on-demand passes)
         self.scrubber: Scrubber | None = None  # BP-31 bit rot
         self.records: LedgerRecords | None = None  # BP-31 metadata recovery
+        self.http_address: str | None = None  # where the admin API listens (http_listen)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -184,6 +185,12 @@ class Bookie:
 
             self.autorecovery = await self._exit_stack.enter_async_context(
                 in_bookie(cfg, self.metadata, self.network, cfg.bookie_id, self.rng)
+            )
+        if cfg.http_listen is not None:
+            from ..admin_http.bookie import serve_bookie_http  # aiohttp only when asked
+
+            self.http_address = await self._exit_stack.enter_async_context(
+                serve_bookie_http(self, cfg.http_listen)
             )
         if self.integrity is not None:
             # With the journal, only a repair (wiped dir, limbo left over) needs checking: once.

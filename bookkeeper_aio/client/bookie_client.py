@@ -99,6 +99,14 @@ WRITE_CHUNK_BYTES = 256 * 1024  # handed to the transport per call while it is w
 MULTI_ADD_PART_BYTES_MAX = 64 * 1024
 
 
+def handshake_hint(config: ClientConfig) -> str:
+    """Why a bookie may drop a connection at once: what a bookie that requires TLS does to a
+    plain client, and one that requires client certificates to a client without one."""
+    if config.tls_ca_file is None:
+        return "if the bookie requires TLS, set ClientConfig.tls_ca_file"
+    return "if the bookie requires client certificates, set tls_cert_file and tls_key_file"
+
+
 class BookieClient(asyncio.Protocol):
     """One pipelined connection to one bookie (see the module docstring)."""
 
@@ -155,6 +163,8 @@ class BookieClient(asyncio.Protocol):
             if isinstance(exc, ProtocolVersionError):
                 raise
             what = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+            if client is not None and config.tls_cert_file is None:  # connected, then dropped
+                what += f" before answering the handshake ({handshake_hint(config)})"
             raise BookieUnavailableError(f"cannot connect to bookie {address}: {what}") from exc
         if hello.status != StatusCode.OK or hello.protocol_version != PROTOCOL_VERSION:
             client.abort(ProtocolVersionError(f"bookie {address} speaks version "

@@ -18,6 +18,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from ..config import ClientConfig, MetadataConfig
 from ..digest import master_key
@@ -26,7 +27,7 @@ from ..logs.api import LOG_TAG, LogInfo, LogReader, LogRecord, Logs, LogWriter
 from ..logs.options import LogOptions, check_name
 from ..metadata.model import LedgerMetadata, password_hash, validate_quorums
 from ..metadata.store import open_metadata_store
-from ..net import Network, TcpNetwork
+from ..net import Network, client_network
 from . import deletion
 from .bookie_client import BookiePool
 from .context import ClientContext
@@ -56,25 +57,54 @@ class BookKeeper:
         network: Network | None = None,
         rng: random.Random | None = None,
         bugs: frozenset[str] = frozenset(),
+        metrics_registry: Any = None,
     ) -> AsyncIterator[BookKeeper]:
-        """Connect to the cluster whose metadata lives at ``uri``.
+        """Connect to the cluster whose metadata lives at ``uri``. TLS to the bookies when
+        ``config.tls_ca_file`` is set; ``metrics_registry`` (a prometheus_client
+        ``CollectorRegistry``): the client's metrics are exported there while connected
+        (``bookkeeper_client_*``, docs/operations.md).
 
         Raises:
             MetadataUnavailableError: the metadata store cannot be reached (within its timeout).
-            ConfigError: a malformed URI, or an invalid ``config``.
+            ConfigError: a malformed URI, an invalid ``config``, a TLS file that cannot be read.
         """
         config = config or ClientConfig()
         config.validate()
         rng = rng or random.Random()
         placement = PlacementPolicy(config.min_racks_per_write_quorum, config.strict_placement)
+        network = network or client_network(config)
         async with open_metadata_store(uri, metadata_config) as store:
-            pool = BookiePool(network or TcpNetwork(), config, rng)
+            pool = BookiePool(network, config, rng)
             ctx = ClientContext(config, store, pool, rng, placement, bugs)
             bk = cls(ctx)
+            collector = None
+            if metrics_registry is not None:
+                from ..metrics.client import ClientCollector  # prometheus_client: only if asked
+
+                collector = ClientCollector(bk)
+                metrics_registry.register(collector)
             try:
                 yield bk
             finally:
+                if collector is not None:
+                    metrics_registry.unregister(collector)
                 await bk._shutdown()
+
+    def statistics(self) -> dict[str, Any]:
+        """What this client did and holds: adds completed, ensemble changes, recoveries
+        (counters since connect), pending adds and open writers now, add latency (sampled:
+        quantile upper bounds in seconds), its bookie connections and metadata calls."""
+        writers = list(self._writers)
+        latency = self.ctx.stats.add_latency
+        return {
+            **self.ctx.stats.counters,
+            "pending_adds": sum(len(w._pending) for w in writers),
+            "writers_open": sum(1 for w in writers if not w._closed),
+            "add_latency_s_p50": latency.quantile(0.5),
+            "add_latency_s_p99": latency.quantile(0.99),
+            "bookies": self.ctx.pool.statistics(),
+            "metadata": self.ctx.metadata.statistics(),
+        }
 
     async def _shutdown(self) -> None:
         if self._logs is not None:

@@ -16,6 +16,7 @@ from ..config import ClientConfig
 from ..metadata.store import MetadataStore
 from .bookie_client import BookiePool
 from .placement import PlacementPolicy
+from .stats import ClientStats
 
 KNOWN_BUGS = frozenset(
     {"recovery-reads-without-fence", "recovery-below-last-segment", "unknown-as-negative"}
@@ -39,6 +40,7 @@ class ClientContext:
     rng: random.Random
     placement: PlacementPolicy = field(default_factory=PlacementPolicy)
     bugs: frozenset[str] = frozenset()
+    stats: ClientStats = field(default_factory=ClientStats)
 
     def has_bug(self, name: str) -> bool:
         assert name in KNOWN_BUGS, name

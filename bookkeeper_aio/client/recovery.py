@@ -71,6 +71,7 @@ async def recover(
     )
     if versioned.value.state is LedgerState.CLOSED:
         return versioned
+    ctx.stats.counters["recoveries"] += 1
     md: LedgerMetadata = versioned.value
     key = key if key is not None else master_key(password)
     lac = await _fence(ctx, md, key)

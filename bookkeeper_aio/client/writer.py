@@ -32,6 +32,7 @@ import collections
 import logging
 from collections.abc import Callable
 from functools import partial
+from time import perf_counter
 from typing import Any
 
 from ..digest import LacProof, header_digest, payload_digest
@@ -160,6 +161,8 @@ class LedgerWriter:
         self._flush_handle: asyncio.Handle | None = None
         self._change_task: asyncio.Task[None] | None = None
         self._ensemble_changes = 0
+        # The add being timed for the client's latency histogram (stats.py), -1: none.
+        self._timed_entry, self._timed_at = -1, 0.0
         self._lac_sent = -1  # highest LAC that reached the bookies (piggybacked or explicit)
         self._idle = True
         # append_callback adds completed or failed, told at the end of this loop turn (_tell);
@@ -223,6 +226,8 @@ class LedgerWriter:
                          callback)  # fmt: skip
         self._pending.append(op)
         self._pending_bytes += len(payload)
+        if self._timed_entry < 0:
+            self._timed_entry, self._timed_at = entry_id, perf_counter()
         self._backlog_credit -= len(payload) + FRAMING_BYTES_PER_ADD
         self._queue_fresh(op)
         self._idle = False
@@ -535,6 +540,7 @@ class LedgerWriter:
             # segment (starting at LAC + 1) assigns to its replacement.
             return
         pending = self._pending
+        first = self.last_add_confirmed
         while pending and pending[0].completed:
             op = pending.popleft()
             assert op.entry_id == self.last_add_confirmed + 1  # ordered completion
@@ -542,7 +548,16 @@ class LedgerWriter:
             self.length += len(op.payload)
             self._pending_bytes -= len(op.payload)
             self._finish(op, None)
+        if self.last_add_confirmed != first:
+            self._count_completed(self.last_add_confirmed - first)
         self._room.set()  # waiters re-check their own size
+
+    def _count_completed(self, count: int) -> None:
+        stats = self.ctx.stats
+        stats.counters["adds_completed"] += count
+        if 0 <= self._timed_entry <= self.last_add_confirmed:
+            stats.add_latency.observe(perf_counter() - self._timed_at)
+            self._timed_entry = -1
 
     def _finish(self, op: _PendingAdd, error: BaseException | None) -> None:
         """Tell ``op``'s caller it completed or failed: a future at once (it runs its
@@ -614,6 +629,7 @@ class LedgerWriter:
 
     async def _replace(self, failed: dict[int, str]) -> None:
         self._ensemble_changes += 1
+        self.ctx.stats.counters["ensemble_changes"] += 1
         if self._ensemble_changes > self.ctx.config.ensemble_changes_max:
             raise BookKeeperError(f"ledger {self.ledger_id}: too many ensemble changes")
         bookies = (await self.ctx.metadata.list_bookies()).values()

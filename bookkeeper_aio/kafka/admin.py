@@ -39,10 +39,24 @@ async def create_topic(
     )
 
 
-async def list_topics(uri: str) -> str:
-    """Every topic, one per line: name, partitions, quorum."""
+async def list_topics(uri: str, as_json: bool = False) -> str:
+    """Every topic, one per line: name, partitions, quorum (``as_json``: a JSON object per
+    line)."""
     async with _topics(uri) as topics:
         infos = await topics.list()
+    if as_json:
+        return "\n".join(
+            json.dumps(
+                {
+                    "name": t.name,
+                    "partitions": t.partitions,
+                    "ensemble_size": t.ensemble_size,
+                    "write_quorum": t.write_quorum,
+                    "ack_quorum": t.ack_quorum,
+                }
+            )
+            for t in infos
+        )
     lines = [
         f"{t.name}\t{t.partitions} partitions\t"
         f"E{t.ensemble_size}/WQ{t.write_quorum}/AQ{t.ack_quorum}"
@@ -62,8 +76,9 @@ async def delete_topic(uri: str, name: str) -> str:
     return f"deleted topic {info.name} ({info.partitions} partitions)"
 
 
-async def list_groups(uri: str) -> str:
-    """Every group a gateway coordinated: state, generation, protocol, members, coordinator."""
+async def list_groups(uri: str, as_json: bool = False) -> str:
+    """Every group a gateway coordinated: state, generation, protocol, members, coordinator
+    (``as_json``: a JSON object per line)."""
     async with BookKeeper.connect(uri) as bk:
         store = bk.ctx.metadata
         live = {key[len(GATEWAYS) :] async for key, _ in store.list_prefix(GATEWAYS)}
@@ -74,9 +89,17 @@ async def list_groups(uri: str) -> str:
     lines = []
     for group, doc in docs:
         coordinator = doc["coordinator"] if doc["coordinator"] in live else "none (gone)"
+        if as_json:
+            lines.append(json.dumps({
+                "group": group, "state": doc["state"], "generation": doc["generation"],
+                "protocol_type": doc["protocol_type"], "protocol": doc["protocol"],
+                "members": len(doc["members"]),
+                "coordinator": doc["coordinator"] if doc["coordinator"] in live else None,
+            }))  # fmt: skip
+            continue
         lines.append(
             f"{group}\t{doc['state']}\tgeneration {doc['generation']}\t"
             f"{doc['protocol_type'] or '-'}/{doc['protocol'] or '-'}\t"
             f"{len(doc['members'])} members\tcoordinator {coordinator}"
         )
-    return "\n".join(lines) if lines else "no groups"
+    return "\n".join(lines) if lines or as_json else "no groups"

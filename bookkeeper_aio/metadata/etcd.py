@@ -68,11 +68,13 @@ class EtcdMetadataStore(EtcdKeys):
         root: str,
         config: MetadataConfig,
         rng: random.Random | None = None,
+        **security: Any,
     ) -> None:
+        """``security``: ``tls``, ``username``, ``password`` (etcd_conn.EtcdConnection)."""
         self.root = root.rstrip("/")
         self.config = config
         self.rng = rng or random.Random()
-        self.conn = EtcdConnection(tuple(endpoints), config, self.rng)
+        self.conn = EtcdConnection(tuple(endpoints), config, self.rng, **security)
         self.registrations: list[EtcdRegistration] = []
         self.leases: set[Lease] = set()
 
@@ -83,13 +85,16 @@ class EtcdMetadataStore(EtcdKeys):
         root: str,
         config: MetadataConfig,
         rng: random.Random | None = None,
+        **security: Any,
     ) -> EtcdMetadataStore:
-        """Connect and check that etcd answers.
+        """Connect and check that etcd answers (``security``: as the constructor's).
 
         Raises:
-            MetadataUnavailableError: no endpoint answered within the timeouts.
+            MetadataUnavailableError: no endpoint answered within the timeouts, or etcd
+                refused the credentials.
+            ConfigError: a TLS file cannot be read.
         """
-        store = cls(endpoints, root, config, rng)
+        store = cls(endpoints, root, config, rng, **security)
         try:
             await store.conn.call(lambda c: c.get(store._key("instanceid")), "connect")
         except BaseException:

@@ -11,6 +11,12 @@ reads, and conditional transactions whose outcome the caller can recognize after
 store resolves "did my first attempt land?" by looking at the value). When the call gives
 up, :class:`MetadataUnavailableError` names every endpoint and the last error.
 
+TLS (an ``etcds://`` URI) and user/password authentication are per connection: every
+endpoint's client uses them (``etcd_tls.py`` for the TLS channel). etcd's auth tokens expire
+(``--auth-token-ttl``, 5 minutes by default, counted from the last use) and aetcd does not
+renew them: a call refused for an invalid token drops that endpoint's client, and the retry
+authenticates again.
+
 There is one aetcd client (one gRPC channel) per endpoint, created on first use and closed
 only by :meth:`close`; a failed endpoint is not closed, because gRPC reconnects a channel by
 itself (we cap its reconnect backoff at ``grpc_reconnect_backoff_max_ms`` instead of gRPC's
@@ -38,6 +44,7 @@ from aetcd import rpc, rtypes
 
 from ..config import MetadataConfig, parse_address
 from ..errors import LeaseNotFoundError, MetadataUnavailableError
+from .etcd_tls import TlsClient, channel_credentials
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,6 +71,11 @@ def _busy(exc: aex.ClientError) -> bool:
     return isinstance(cause, rpc.AioRpcError) and cause.code() in busy
 
 
+def _token_expired(exc: aex.ClientError) -> bool:
+    """etcd no longer knows our auth token (it expired, or etcd restarted)."""
+    return isinstance(exc, aex.UnauthenticatedError) and "invalid auth token" in str(exc)
+
+
 def _refused(exc: aex.ClientError, what: str) -> MetadataUnavailableError:
     """An etcd error that retrying cannot fix, as a BookKeeper error."""
     if "lease not found" in str(exc):
@@ -75,14 +87,31 @@ class EtcdConnection:
     """See the module docstring."""
 
     def __init__(
-        self, endpoints: tuple[str, ...], config: MetadataConfig, rng: random.Random
+        self,
+        endpoints: tuple[str, ...],
+        config: MetadataConfig,
+        rng: random.Random,
+        *,
+        tls: bool = False,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
+        """``tls``: TLS with ``config``'s CA and client certificate; ``username`` and
+        ``password``: etcd authentication.
+
+        Raises:
+            ConfigError: a TLS file cannot be read.
+        """
         assert endpoints
+        assert (username is None) == (password is None)
         self.endpoints = endpoints
+        self._credentials = channel_credentials(config) if tls else None
+        self._user = (username, password)
         self.config = config
         self.rng = rng
         self.counters: Counter[str] = Counter()
         self._clients: dict[int, aetcd.Client] = {}
+        self._closing: set[asyncio.Task[None]] = set()  # clients dropped by _reauthenticate
         self._current = 0
         self.closed = False
 
@@ -97,11 +126,32 @@ class EtcdConnection:
                 "grpc.keepalive_time_ms": 10_000,  # notice a dead peer under an idle watch
                 "grpc.keepalive_timeout_ms": 5_000,
             }
-            client = aetcd.Client(
-                host=host, port=port, timeout=self.config.attempt_timeout_s, options=options
-            )
+            username, password = self._user
+            kwargs: dict[str, Any] = {"host": host, "port": port, "username": username,
+                                      "password": password, "options": options,
+                                      "timeout": self.config.attempt_timeout_s}  # fmt: skip
+            if self._credentials is not None:
+                client = TlsClient(credentials=self._credentials, **kwargs)
+            else:
+                client = aetcd.Client(**kwargs)
             self._clients[index] = client
         return client
+
+    def _reauthenticate(self, index: int) -> None:
+        """Drop the endpoint's client (its token expired): the next attempt authenticates on
+        a new one. The old one is closed in the background: calls still on it fail and are
+        retried like any other failed attempt."""
+        client = self._clients.pop(index, None)
+        self.counters["reauthentications"] += 1
+        if client is not None:
+            task = asyncio.get_running_loop().create_task(self._close_client(client))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _close_client(self, client: aetcd.Client) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.config.attempt_timeout_s):
+                await client.close()
 
     def _failed(self, index: int) -> None:
         """Move on from a failed endpoint (unless another call already did)."""
@@ -137,7 +187,9 @@ class EtcdConnection:
                         last = exc
                         self._failed(index)
                     except aex.ClientError as exc:
-                        if not _busy(exc):
+                        if _token_expired(exc):
+                            self._reauthenticate(index)
+                        elif not _busy(exc):
                             raise _refused(exc, what) from exc
                         last = exc
                     if attempt + 1 < attempts:
@@ -196,6 +248,7 @@ class EtcdConnection:
     async def close(self) -> None:
         """Close every channel; open watches end."""
         self.closed = True
+        await asyncio.gather(*self._closing, return_exceptions=True)
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             with contextlib.suppress(Exception):

@@ -37,6 +37,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple, Protocol, TypeVar
+from urllib.parse import parse_qsl, unquote
 
 from ..config import MetadataConfig, parse_address
 from ..errors import (
@@ -470,28 +471,52 @@ def bookie_info_from_json(data: bytes) -> BookieInfo:
 
 
 class MetadataUri(NamedTuple):
-    """A parsed metadata URI: ``scheme`` etcd (endpoints, root) or memory (root = name)."""
+    """A parsed metadata URI: ``scheme`` etcd or etcds (endpoints, root; TLS for etcds; a
+    user and password if the URI has them) or memory (root = name)."""
 
     scheme: str
     endpoints: tuple[str, ...]
     root: str
+    username: str | None = None
+    password: str | None = None
+    tls_files: tuple[tuple[str, str], ...] = ()  # MetadataConfig TLS keys given in the URI
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "etcds"
 
 
 def parse_metadata_uri(uri: str) -> MetadataUri:
-    """Parse ``etcd://HOST:PORT[,HOST:PORT...]/ROOT`` or ``memory://[NAME]``.
+    """Parse ``etcd[s]://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/ROOT[?KEY=FILE&...]`` or
+    ``memory://[NAME]``: etcds is etcd over TLS; USER and PASSWORD are percent-encoded; the
+    KEYs are MetadataConfig's ``tls_ca_file``, ``tls_cert_file`` and ``tls_key_file`` (etcds
+    only), so that one URI carries a whole connection to every process and shell command.
 
     Raises:
         ConfigError: an unknown scheme or a malformed URI (the message shows the right form).
     """
-    form = "etcd://HOST:PORT[,HOST:PORT...]/ROOT or memory://[NAME]"
+    form = "etcd[s]://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/ROOT or memory://[NAME]"
     scheme, sep, rest = uri.partition("://")
     if not sep:
-        raise ConfigError(f"metadata URI {uri!r}: expected {form}")
+        raise ConfigError(f"metadata URI {_shown(uri)!r}: expected {form}")
     if scheme == "memory":
         return MetadataUri("memory", (), rest or "default")
-    if scheme != "etcd":
-        raise ConfigError(f"metadata URI {uri!r}: unknown scheme {scheme!r}; expected {form}")
-    hosts, _, root = rest.partition("/")
+    if scheme not in ("etcd", "etcds"):
+        raise ConfigError(
+            f"metadata URI {_shown(uri)!r}: unknown scheme {scheme!r}; expected {form}"
+        )
+    rest, _, query = rest.partition("?")
+    tls_files = _tls_files(query, scheme, _shown(uri))
+    authority, _, root = rest.partition("/")
+    credentials, at, hosts = authority.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = credentials.partition(":")
+        if not user or not colon:
+            raise ConfigError(f"metadata URI {_shown(uri)!r}: expected USER:PASSWORD@ before "
+                              "the hosts")  # fmt: skip
+        username, password = unquote(user), unquote(secret)
+    uri = _shown(uri)
     root = root.strip("/")
     if not hosts or not _ROOT.match(root):
         raise ConfigError(
@@ -501,7 +526,37 @@ def parse_metadata_uri(uri: str) -> MetadataUri:
     endpoints = tuple(hosts.split(","))
     for endpoint in endpoints:
         parse_address(endpoint)  # ConfigError naming the bad one
-    return MetadataUri("etcd", endpoints, "/" + root)
+    return MetadataUri(scheme, endpoints, "/" + root, username, password, tls_files)
+
+
+_TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
+
+
+def _tls_files(query: str, scheme: str, shown: str) -> tuple[tuple[str, str], ...]:
+    if not query:
+        return ()
+    try:
+        pairs = parse_qsl(query, strict_parsing=True)
+    except ValueError as exc:
+        raise ConfigError(f"metadata URI {shown!r}: bad query: {exc}") from exc
+    keys = [k for k, _ in pairs]
+    bad = sorted(set(keys) - set(_TLS_KEYS)) or sorted({k for k in keys if keys.count(k) > 1})
+    if bad or scheme != "etcds":
+        keys_text = ", ".join(_TLS_KEYS)
+        raise ConfigError(
+            f"metadata URI {shown!r}: the query may only give {keys_text}, once each, "
+            f"to etcds:// (not {bad})"
+        )
+    return tuple(pairs)
+
+
+def _shown(uri: str) -> str:
+    """The URI with its password hidden (for messages and logs), even a malformed one."""
+    scheme, sep, rest = uri.partition("://")
+    credentials, at, tail = rest.rpartition("@")
+    if not at:
+        return uri
+    return f"{scheme}{sep}{credentials.partition(':')[0]}:***@{tail}"
 
 
 @contextlib.asynccontextmanager
@@ -516,6 +571,8 @@ async def open_metadata_store(
     """
     config = config or MetadataConfig()
     parsed = parse_metadata_uri(uri)
+    if parsed.tls_files:
+        config = config.replace(**dict(parsed.tls_files))
     store: MetadataStore
     if parsed.scheme == "memory":
         from .memory import MemoryMetadataStore
@@ -524,7 +581,12 @@ async def open_metadata_store(
     else:
         from .etcd import EtcdMetadataStore
 
-        store = await EtcdMetadataStore.connect(parsed.endpoints, parsed.root, config, rng=rng)
+        if (config.tls_ca_file or config.tls_cert_file) and not parsed.tls:
+            raise ConfigError("MetadataConfig has TLS files but the URI is etcd://: use etcds://")
+        store = await EtcdMetadataStore.connect(
+            parsed.endpoints, parsed.root, config, rng=rng, tls=parsed.tls,
+            username=parsed.username, password=parsed.password,
+        )  # fmt: skip
     try:
         yield store
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import BookKeeperError, ConfigError
 from ..kafka.errors import KafkaError
-from . import autorecovery, cluster, logs, spark
+from . import autorecovery, cluster, logs, ops, spark
 from .sanity import bookie_sanity
 
 
@@ -22,13 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bookkeeper_aio.shell", description=__doc__)
     parser.add_argument("--metadata", metavar="URI", help="etcd://HOST:PORT[,...]/ROOT")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, text in (
-        ("init-cluster", "create the cluster's instance id (idempotent)"),
-        ("list-bookies", "registered bookies: id, rack, writable or read-only"),
-        ("list-ledgers", "every ledger id"),
-        ("list-logs", "every log's name (docs/logs.md)"),
-    ):
-        commands.add_parser(name, help=text).set_defaults(run=_metadata_command)
+    commands.add_parser(
+        "init-cluster", help="create the cluster's instance id (idempotent)"
+    ).set_defaults(run=_metadata_command)
     meta = commands.add_parser("ledger-metadata", help="one ledger's metadata as JSON")
     meta.add_argument("ledger_id", type=int, metavar="LEDGER_ID")
     meta.set_defaults(run=_metadata_command)
@@ -56,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     sanity.set_defaults(run=_run_sanity)
     _kafka_commands(commands)
     spark.add_commands(commands)
+    ops.add_commands(commands)  # simpletest, read-ledger, bookie-info, list-* --json
     _autorecovery_commands(commands)
     _integrity_commands(commands)
     return parser
@@ -119,10 +116,7 @@ async def _integrity_command(args: argparse.Namespace) -> tuple[str, int]:
 
 
 def _autorecovery_commands(commands: Any) -> None:
-    """list-under-replicated, ledger-check, audit, decommission, autorecovery-status."""
-    commands.add_parser(
-        "list-under-replicated", help="under-replicated ledgers: missing copies, since, why"
-    ).set_defaults(run=_autorecovery_command)
+    """ledger-check, audit, decommission, autorecovery-status (list-under-replicated: ops)."""
     check = commands.add_parser(
         "ledger-check", help="every fragment of a ledger: which bookie lacks which entries "
         "(exit 1 if any copy is missing)",
@@ -149,8 +143,6 @@ async def _autorecovery_command(args: argparse.Namespace) -> tuple[str, int]:
     if not args.metadata:
         raise ConfigError(f"{args.command} needs --metadata URI (before the command)")
     uri = args.metadata
-    if args.command == "list-under-replicated":
-        return await autorecovery.list_under_replicated(uri)
     if args.command == "ledger-check":
         return await autorecovery.ledger_check(uri, args.ledger_id)
     if args.command == "audit":
@@ -169,12 +161,9 @@ def _kafka_commands(commands: Any) -> None:
     create.add_argument("--write-quorum", type=int, default=3, metavar="W")
     create.add_argument("--ack-quorum", type=int, default=2, metavar="A")
     create.set_defaults(run=_metadata_command)
-    commands.add_parser("list-topics", help="Kafka topics").set_defaults(run=_metadata_command)
     delete = commands.add_parser("delete-topic", help="a Kafka topic, its logs and offsets")
     delete.add_argument("name", metavar="NAME")
     delete.set_defaults(run=_metadata_command)
-    groups = commands.add_parser("list-groups", help="Kafka consumer groups")
-    groups.set_defaults(run=_metadata_command)
 
 
 def _run_sanity(args: argparse.Namespace) -> Awaitable[str]:
@@ -186,12 +175,6 @@ async def _metadata_command(args: argparse.Namespace) -> str:
         raise ConfigError(f"{args.command} needs --metadata URI (before the command)")
     if args.command == "init-cluster":
         return await cluster.init_cluster(args.metadata)
-    if args.command == "list-bookies":
-        return await cluster.list_bookies(args.metadata)
-    if args.command == "list-ledgers":
-        return await cluster.list_ledgers(args.metadata)
-    if args.command == "list-logs":
-        return await logs.list_logs(args.metadata)
     if args.command == "log-info":
         return await logs.log_info(args.metadata, args.name)
     if args.command == "cookie-fix":
@@ -206,7 +189,7 @@ async def _metadata_command(args: argparse.Namespace) -> str:
         return await cluster.cluster_config(args.metadata, args.option, args.value)
     if args.command == "list-tombstones":
         return await cluster.list_tombstones(args.metadata, args.json)
-    if args.command in ("create-topic", "list-topics", "delete-topic", "list-groups"):
+    if args.command in ("create-topic", "delete-topic"):
         return await _kafka_command(args)
     return await cluster.ledger_metadata(args.metadata, args.ledger_id)
 
@@ -219,11 +202,7 @@ async def _kafka_command(args: argparse.Namespace) -> str:
             args.metadata, args.name, args.partitions, args.ensemble, args.write_quorum,
             args.ack_quorum,
         )  # fmt: skip
-    if args.command == "list-topics":
-        return await admin.list_topics(args.metadata)
-    if args.command == "delete-topic":
-        return await admin.delete_topic(args.metadata, args.name)
-    return await admin.list_groups(args.metadata)
+    return await admin.delete_topic(args.metadata, args.name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,8 +24,8 @@ from ..client.bookie_client import BookiePool
 from ..client.context import ClientContext
 from ..client.placement import PlacementPolicy
 from ..config import ClientConfig
-from ..metadata.store import open_metadata_store
-from ..metadata.underreplication import list_marks, lock_holder
+from ..metadata.store import MetadataStore, open_metadata_store
+from ..metadata.underreplication import Mark, list_marks, lock_holder
 from ..net import TcpNetwork
 
 
@@ -44,12 +44,16 @@ async def _context(uri: str) -> AsyncIterator[ClientContext]:
         yield ClientContext(config, store, pool, rng, PlacementPolicy())
 
 
-async def list_under_replicated(uri: str) -> tuple[str, int]:
-    """Every mark: ledger, missing copies, since when, why, who works on it."""
+async def list_under_replicated(uri: str, as_json: bool = False) -> tuple[str, int]:
+    """Every mark: ledger, missing copies, since when, why, who works on it (``as_json``: a
+    JSON object per line)."""
     lines = []
     async with open_metadata_store(uri) as store:
         async for versioned in list_marks(store):
             mark = versioned.value
+            if as_json:
+                lines.append(json.dumps(await _mark_doc(store, mark)))
+                continue
             copies = ", ".join(
                 f"{m.bookie}: {'all' if m.entry_count() is None else m.entry_count()} entries"
                 for m in mark.missing
@@ -62,7 +66,21 @@ async def list_under_replicated(uri: str) -> tuple[str, int]:
             if mark.attempts:
                 line += f"\tattempts {mark.attempts}: {mark.last_error}"
             lines.append(line)
-    return ("\n".join(lines) if lines else "no under-replicated ledgers"), 0
+    return ("\n".join(lines) if lines or as_json else "no under-replicated ledgers"), 0
+
+
+async def _mark_doc(store: MetadataStore, mark: Mark) -> dict[str, object]:
+    return {
+        "ledger_id": mark.ledger_id,
+        "since_ms": mark.since_ms,
+        "reasons": mark.reasons(),
+        "attempts": mark.attempts,
+        "last_error": mark.last_error,
+        "worker": await lock_holder(store, mark.ledger_id),
+        "missing_replicas": [
+            {"bookie": m.bookie, "entries": m.entry_count()} for m in mark.missing
+        ],
+    }
 
 
 async def ledger_check(uri: str, ledger_id: int) -> tuple[str, int]:

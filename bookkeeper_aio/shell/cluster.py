@@ -22,22 +22,39 @@ async def init_cluster(uri: str) -> str:
     return f"cluster {state}: instance id {instance_id}"
 
 
-async def list_bookies(uri: str) -> str:
-    """Registered bookies, one per line: id, rack, writable/read-only."""
+async def list_bookies(uri: str, read_only: bool = False, as_json: bool = False) -> str:
+    """Registered bookies, one per line: id, rack, writable/read-only (``read_only``: only
+    those; ``as_json``: a JSON object per line)."""
     async with open_metadata_store(uri) as store:
-        bookies = await store.list_bookies()
+        bookies = {k: b for k, b in (await store.list_bookies()).items()
+                   if b.read_only or not read_only}  # fmt: skip
+    if as_json:
+        return "\n".join(
+            json.dumps(
+                {
+                    "bookie_id": b.bookie_id,
+                    "address": b.address,
+                    "rack": b.rack,
+                    "read_only": b.read_only,
+                }
+            )
+            for b in bookies.values()
+        )
     lines = [
         f"{b.bookie_id}\t{b.rack or '-'}\t{'read-only' if b.read_only else 'writable'}"
         for b in bookies.values()
     ]
-    return "\n".join(lines) if lines else "no bookies registered"
+    none = "no read-only bookies" if read_only else "no bookies registered"
+    return "\n".join(lines) if lines else none
 
 
-async def list_ledgers(uri: str) -> str:
-    """Every ledger id, one per line."""
+async def list_ledgers(uri: str, as_json: bool = False) -> str:
+    """Every ledger id, one per line (``as_json``: ``{"ledger_id": ID}`` per line)."""
     async with open_metadata_store(uri) as store:
-        ids = [str(i) async for i in store.list_ledgers()]
-    return "\n".join(ids) if ids else "no ledgers"
+        ids = [i async for i in store.list_ledgers()]
+    if as_json:
+        return "\n".join(json.dumps({"ledger_id": i}) for i in ids)
+    return "\n".join(map(str, ids)) if ids else "no ledgers"
 
 
 async def ledger_metadata(uri: str, ledger_id: int) -> str:

@@ -9,10 +9,12 @@ from ..client.bookkeeper import BookKeeper
 from ..logs import LogSegmentInfo
 
 
-async def list_logs(uri: str) -> str:
-    """Every log's name, one per line."""
+async def list_logs(uri: str, as_json: bool = False) -> str:
+    """Every log's name, one per line (``as_json``: ``{"name": NAME}`` per line)."""
     async with BookKeeper.connect(uri) as bk:
         names = await bk.list_logs()
+    if as_json:
+        return "\n".join(json.dumps({"name": n}) for n in names)
     return "\n".join(names) if names else "no logs"
 
 
