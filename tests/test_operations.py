@@ -171,6 +171,30 @@ async def test_admin_api_answers_json_and_json_errors(tmp_path):
         )
 
 
+async def test_admin_api_runs_garbage_collection_now(tmp_path):
+    uri = f"memory://ops-{uuid.uuid4().hex[:8]}"
+    async with open_metadata_store(uri) as store:
+        await store.init_cluster()
+        async with Bookie.serve(_config(tmp_path, metadata_uri=uri, gc_interval_s=0)) as bookie:
+            await wait_registered(uri, 1)
+            async with BookKeeper.connect(uri, CONFIG) as bk:
+                w = await bk.create_ledger(1, 1, 1, password=b"pw")
+                for i in range(5):
+                    await w.append(b"gc-%d" % i)
+                await w.close()
+                await bk.delete_ledger(w.ledger_id)
+            url = f"http://{bookie.http_address}/api/v1/bookie/gc"
+            status, ctype, text = await http("PUT", url)
+            assert (status, ctype) == (200, "application/json"), text
+            figures = json.loads(text)
+            assert figures["ledgers_deleted"] == 1 and figures["delete_errors"] == 0, figures
+            status, _, text = await http("PUT", url, b"{}")  # nothing left: an empty pass
+            assert status == 200 and json.loads(text)["ledgers_deleted"] == 0
+    async with Bookie.serve(_config(tmp_path / "plain")) as bookie:  # no metadata store
+        status, _, text = await http("PUT", f"http://{bookie.http_address}/api/v1/bookie/gc")
+        assert status == 501 and "metadata" in json.loads(text)["error"]
+
+
 async def test_admin_api_listens_on_the_address_given_only(tmp_path):
     async with Bookie.serve(_config(tmp_path)) as bookie:
         port = int(bookie.http_address.rpartition(":")[2])

@@ -36,11 +36,9 @@ def bookie_app(bookie: Bookie) -> web.Application:
     async def gc(request: web.Request) -> web.Response:
         check_query(request)
         await json_object_body(request)  # nothing to choose yet: {} or no body
-        collect = getattr(bookie, "collect_garbage", None)
-        if collect is None:
-            return error(501, "this bookie has no garbage collection (Bookie.collect_garbage)")
-        result = await collect()
-        return web.json_response(result)
+        if bookie.gc is None:  # no metadata store: nothing to check deletes against
+            return error(501, "garbage collection needs a metadata store (--metadata)")
+        return web.json_response(await bookie.collect_garbage())
 
     app.router.add_get("/api/v1/bookie/info", info)
     app.router.add_get("/api/v1/bookie/state", state)

@@ -66,8 +66,8 @@ from ..digest import (
 )
 from ..engine import Engine, LedgerInfo
 from ..errors import JournalFailedError, StatusCode
-from ..metadata.ledger_record import Held, pack_held
 from ..histogram import new_histogram, no_clock
+from ..metadata.ledger_record import Held, pack_held
 from ..protocol import (
     ADD_FLAG_RECOVERY,
     INT64_MAX,
