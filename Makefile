@@ -55,8 +55,10 @@ format: setup
 run: setup
 	$(PY) -m bookkeeper_aio.demo
 
+# Prints one table; bench-results/ gets a PNG and a JSON per phase (latency percentiles and
+# throughput per second) and all.json (every figure of the run).
 bench: setup
-	$(PY) -m benchmarks all --short
+	$(PY) -m benchmarks all --short --plots bench-results --json bench-results/all.json
 
 sim: setup
 	$(PY) -m bookkeeper_aio.sim --seeds $(SEEDS)

@@ -31,6 +31,7 @@ from . import (
     logs,
     misses,
     overload,
+    plots,
     reads,
     recovery,
     rereplication,
@@ -72,13 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     modes = parser.add_subparsers(dest="mode", required=True, metavar="MODE")
     for name, (module, _, help_text) in MODES.items():
-        module.add_arguments(
-            modes.add_parser(
-                name,
-                help=help_text,
-                description=module.__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter,
-            )
+        sub = modes.add_parser(
+            name,
+            help=help_text,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(sub)
+        sub.add_argument(
+            "--plots",
+            metavar="DIR",
+            help="per phase, latency percentiles and throughput per second: DIR/PHASE.png "
+            "and DIR/PHASE.json (matplotlib: the bench extra)",
         )
     return parser
 
@@ -88,7 +94,10 @@ async def _stoppable(run: Callable[[argparse.Namespace], Awaitable[Any]], args: 
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    await run(args)
+    result = await run(args)
+    if args.plots and isinstance(result, dict):
+        for png in plots.write_phase_plots(args.plots, result, args.mode):
+            print(f"wrote {png}")
 
 
 def main(argv: list[str] | None = None) -> int:

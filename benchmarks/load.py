@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .stats import latency_summary
+from .stats import latency_summary, timeline
 
 Send = Callable[[], "asyncio.Future[Any]"]
 Done = Callable[[Any, BaseException | None], None]
@@ -65,6 +65,8 @@ class LoadResult:
     """What one run of a load generator measured."""
 
     latencies_s: list[float] = field(default_factory=list)
+    completions_s: list[float] = field(default_factory=list)  # perf_counter at each latency
+    started_s: float = 0.0  # perf_counter when the load started
     entries: int = 0  # operations, or entries when an operation carries several (reads)
     errors: int = 0
     first_error: str | None = None
@@ -88,6 +90,7 @@ class LoadResult:
             "first_error": self.first_error,
             "elapsed_s": self.elapsed_s,
             **latency_summary(self.latencies_s),
+            "timeline": timeline(self.latencies_s, self.completions_s, self.started_s),
         }
 
 
@@ -169,6 +172,7 @@ class _Tracker:
             result.fail(error)
         else:
             result.latencies_s.append(now - t0)
+            result.completions_s.append(now)
             result.entries += 1 if self.weight is _one else self.weight(value)
         if slot is not None:
             self._free.append(slot)  # before then(): the next operation takes it
@@ -200,7 +204,7 @@ async def closed_loop(
     """
     assert outstanding >= 1 and (duration_s is not None or count is not None)
     tracker = _Tracker(weight, callbacks)
-    start = time.perf_counter()
+    start = tracker.result.started_s = time.perf_counter()
     deadline = start + duration_s if duration_s is not None else float("inf")
     remaining = count if count is not None else -1
 
@@ -246,7 +250,7 @@ async def open_loop(
             room.set()
 
     total = max(1, int(rate_per_s * duration_s))
-    start = time.perf_counter()
+    start = tracker.result.started_s = time.perf_counter()
     sent = 0
     async with asyncio.timeout(duration_s + drain_timeout_s):
         while sent < total:

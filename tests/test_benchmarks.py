@@ -77,12 +77,18 @@ async def test_the_cpu_probe_samples_while_its_body_runs_and_then_stops():
 
 
 def test_writes_open_loop(tmp_path, cluster):
+    plots = tmp_path / "plots"
     result = run_benchmark(
         tmp_path, "writes", *TINY, "--rate", "200", "--ledgers", "2", "--no-peers",
-        "--metadata", cluster.uri,
+        "--metadata", cluster.uri, "--plots", str(plots),
     )  # fmt: skip
     assert result["rate"] == 200 and result["errors"] == 0
     assert "etcd_puts_per_s" not in result
+    # The phase over time: one row per second of it, as a PNG and its JSON.
+    (second,) = result["timeline"]
+    assert second["t_s"] == 0 and second["ops_per_s"] > 0 and second["p99_ms"] > 0
+    assert (plots / "writes.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((plots / "writes.json").read_text())["timeline"] == result["timeline"]
 
 
 def test_reads(tmp_path, cluster):
@@ -104,6 +110,16 @@ def test_recovery(tmp_path, cluster):
         "--entry-size", "256", "--metadata", cluster.uri,
     )  # fmt: skip
     assert result["errors"] == 0  # every ledger recovered up to its last acknowledged entry
+
+
+def test_recovery_of_an_unconfirmed_tail(tmp_path, cluster):
+    result = run_benchmark(
+        tmp_path, "recovery", "--ledgers", "1", "--entries", "50", "--tail-entries", "300",
+        "--entry-size", "256", "--metadata", cluster.uri,
+    )  # fmt: skip
+    assert result["errors"] == 0  # recovered up to the tail's last entry
+    assert result["entries"] >= 300  # the tail carried the prefix's LAC: all read forward
+    assert result["tail_write_p50_ms"] > 0 and result["ratio_vs_tail_write"] > 0
 
 
 def test_log(tmp_path, cluster):
