@@ -352,7 +352,7 @@ class ClientConfig(_Config):
     metadata_retries_max: int = 20  # compare-and-swap attempts per metadata change
     speculative_read_timeout_s: float = 0.5  # then the read also goes to the next replica
     long_poll_timeout_ms: int = 5_000  # a tailer's wait for the LAC to move
-    recovery_reads_parallel_max: int = 64  # entries read ahead during recovery
+    recovery_reads_parallel_max: int = 256  # a window: recovery reads two ahead, writes one
     reads_parallel_max: int = 1_000  # entries of one read(first, last) in flight at once
     close_timeout_s: float = 30.0  # waiting for pending adds before a close gives up
     min_racks_per_write_quorum: int = 1  # >1: rack-aware placement

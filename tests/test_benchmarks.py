@@ -25,8 +25,10 @@ BASE_KEYS = {"entries_per_s", "mb_per_s", "p50_ms", "p99_ms"}
 TINY = ["--duration", "0.5", "--warmup", "0.2", "--entry-size", "256"]
 
 
-def run_benchmark(tmp_path: Path, *argv: str, timeout_s: float = 60.0) -> dict:
-    """Run one mode in a subprocess; its JSON result."""
+def run_benchmark(
+    tmp_path: Path, *argv: str, timeout_s: float = 60.0, keys: set[str] = BASE_KEYS
+) -> dict:
+    """Run one mode in a subprocess; its JSON result (which must have ``keys``)."""
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "benchmarks", *argv, "--json", str(out)]
     proc = subprocess.run(
@@ -34,8 +36,8 @@ def run_benchmark(tmp_path: Path, *argv: str, timeout_s: float = 60.0) -> dict:
     )
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     result = json.loads(out.read_text())
-    assert set(result) >= BASE_KEYS, set(result)
-    assert result["entries_per_s"] > 0
+    assert set(result) >= keys, set(result)
+    assert keys != BASE_KEYS or result["entries_per_s"] > 0
     return result
 
 
@@ -110,6 +112,20 @@ def test_recovery(tmp_path, cluster):
         "--entry-size", "256", "--metadata", cluster.uri,
     )  # fmt: skip
     assert result["errors"] == 0  # every ledger recovered up to its last acknowledged entry
+
+
+def test_scale(tmp_path):
+    result = run_benchmark(
+        tmp_path, "scale", "--duration", "0.5", "--warmup", "0.2", "--entry-size", "256",
+        "--outstanding", "20", "--ledger-counts", "1,3", "--bookie-counts", "3,4",
+        "--engine", "memory", "--dir", str(tmp_path), timeout_s=120, keys={"points", "first"},
+    )  # fmt: skip
+    points = result["points"]
+    assert list(points) == ["b3_l1", "b3_l3", "b4_l1", "b4_l3"] and result["first"] == "b3_l1"
+    for name, point in points.items():
+        assert point["errors"] == 0 and point["entries_per_s"] > 0, name
+        assert point["ledgers"] == int(name.split("_l")[1]) and point["ratio_vs_first"] > 0
+    assert points["b3_l1"]["ratio_vs_first"] == 1.0
 
 
 def test_recovery_of_an_unconfirmed_tail(tmp_path, cluster):
