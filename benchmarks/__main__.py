@@ -8,7 +8,8 @@ servers with the same I/O and network: this machine's floor), log (log appends w
 rollovers against plain ledger writes), kafka (aiokafka's producer through the Kafka gateway
 against direct log appends), spark (the Spark sink and source against the client, and the
 commit's cost), rereplication (autorecovery after losing a bookie: copy rate against the
-disk's limit, time back to WQ), scale (throughput and p99 over ledgers and bookies), all.
+disk's limit, time back to WQ), scale (throughput and p99 over ledgers and bookies),
+breakdown (the open loop's latency by phase, from the bookies' timestamps), all.
 Every mode takes ``--plots DIR``: per phase a PNG and a JSON of its latency percentiles and
 throughput per second (benchmarks/plots.py).
 """
@@ -26,6 +27,7 @@ import uvloop
 
 from . import (
     bookie,
+    breakdown,
     floor,
     hostile,
     journal,
@@ -62,6 +64,7 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
         rereplication.run_rereplication,
         "autorecovery after a lost bookie: copy MB/s vs the disk, time to WQ",
     ),
+    "breakdown": (breakdown, breakdown.run_breakdown, "open loop: where an add's time goes"),
     "scale": (scale, scale.run_scale, "throughput and p99 over 1-100 ledgers and 3-6 bookies"),
     "misses": (misses, misses.run_misses, "engines: absent entries next to a large one"),
     "hostile": (hostile, hostile.run_hostile, "a bookie's RSS under clients that never read"),

@@ -94,16 +94,27 @@ class LoadResult:
         }
 
 
+@dataclass
+class LoadTrace:
+    """Per operation, for joining with the servers' timestamps (benchmarks/breakdown.py):
+    ``sent[i]`` is (what ``send`` returned, intended send time, actual send time) and
+    ``done`` holds (i, completion time) for those that succeeded. Callback loads only."""
+
+    sent: list[tuple[Any, float, float]] = field(default_factory=list)
+    done: list[tuple[int, float]] = field(default_factory=list)
+
+
 class _Slot:
     """One operation in flight through a callback ``send``: its start time, what runs after
     it, and its ``done`` bound once. Slots are reused, so an operation allocates nothing the
     garbage collector tracks (a closure per operation was ~5 such objects, and the cyclic
     GC then took ~1 µs of the client's CPU per add: docs/performance.md)."""
 
-    __slots__ = ("done", "t0", "then", "tracker")
+    __slots__ = ("done", "index", "t0", "then", "tracker")
 
     def __init__(self, tracker: _Tracker) -> None:
         self.tracker = tracker
+        self.index = -1  # in the tracker's LoadTrace, when it has one
         self.t0 = 0.0
         self.then: Callable[[float], None] | None = None
         self.done: Done = self._done
@@ -115,8 +126,9 @@ class _Slot:
 class _Tracker:
     """Completion bookkeeping shared by both loops."""
 
-    def __init__(self, weight: Weight, callbacks: bool) -> None:
+    def __init__(self, weight: Weight, callbacks: bool, trace: LoadTrace | None = None) -> None:
         self.result = LoadResult()
+        self.trace = trace
         self.weight = weight
         self.callbacks = callbacks
         self.in_flight = 0
@@ -136,7 +148,12 @@ class _Tracker:
                 slot = self._free.pop() if self._free else _Slot(self)
                 slot.t0, slot.then = t0, then
                 try:
-                    send(slot.done)  # type: ignore[call-arg]
+                    if self.trace is None:
+                        send(slot.done)  # type: ignore[call-arg]
+                    else:
+                        sent, now = self.trace.sent, time.perf_counter()
+                        slot.index = len(sent)
+                        sent.append((send(slot.done), t0, now))  # type: ignore[call-arg]
                 except Exception:
                     self._free.append(slot)
                     raise
@@ -173,6 +190,8 @@ class _Tracker:
         else:
             result.latencies_s.append(now - t0)
             result.completions_s.append(now)
+            if slot is not None and self.trace is not None:
+                self.trace.done.append((slot.index, now))
             result.entries += 1 if self.weight is _one else self.weight(value)
         if slot is not None:
             self._free.append(slot)  # before then(): the next operation takes it
@@ -231,6 +250,7 @@ async def open_loop(
     weight: Weight = _one,
     drain_timeout_s: float = 60.0,
     callbacks: bool = False,
+    trace: LoadTrace | None = None,
 ) -> LoadResult:
     """Send at ``rate_per_s`` for ``duration_s``; latency from each intended send time.
 
@@ -241,7 +261,7 @@ async def open_loop(
         TimeoutError: started operations did not finish within ``drain_timeout_s``.
     """
     assert rate_per_s > 0 and outstanding_max >= 1
-    tracker = _Tracker(weight, callbacks)
+    tracker = _Tracker(weight, callbacks, trace)
     room = asyncio.Event()
     room.set()
 

@@ -277,6 +277,11 @@ class BookieConfig(AutorecoverySettings):
     # Testing only: a ledger dir's engine fails every call with EIO once a file named
     # INJECT_IO_ERROR exists in that dir (docs/durability.md, disk problems).
     engine_fault_injection: bool = False
+    # Benchmarks only: timestamps of every add, journal batch, GC pause and checkpoint, written
+    # to trace_dir/<bookie id>.json at shutdown (bookie/trace.py); at most trace_records_max
+    # of each kind are kept.
+    trace_dir: str | None = None
+    trace_records_max: int = 2_000_000
 
     def validate(self) -> None:
         super().validate()

@@ -128,6 +128,24 @@ def test_scale(tmp_path):
     assert points["b3_l1"]["ratio_vs_first"] == 1.0
 
 
+def test_breakdown(tmp_path):
+    result = run_benchmark(
+        tmp_path, "breakdown", "--duration", "1", "--warmup", "0.2", "--peak-duration", "0.5",
+        "--outstanding", "50", "--entry-size", "256", "--engine", "memory", "--ledgers", "2",
+        "--dir", str(tmp_path), timeout_s=120,
+    )  # fmt: skip
+    assert result["errors"] == 0 and result["peak_entries_per_s"] > 0
+    # Every completed add joined with its bookies' timestamps, whose phases add up to it.
+    assert result["joined"] == result["operations"] > 0
+    phases = result["phases_all_ms"]
+    assert set(phases) == {"driver", "to_bookie", "handle", "journal_queue", "write", "fsync",
+                           "to_loop", "reply", "answer"}  # fmt: skip
+    mean_ms = sum(phases.values())
+    assert mean_ms > 0 and phases["fsync"] > 0 and min(phases.values()) >= 0, phases
+    assert abs(sum(result["phases_slow_share"].values()) - 1) < 1e-6
+    assert {"client_gc_gen2", "journal_rollover", "checkpoint"} <= set(result["stalls"])
+
+
 def test_recovery_of_an_unconfirmed_tail(tmp_path, cluster):
     result = run_benchmark(
         tmp_path, "recovery", "--ledgers", "1", "--entries", "50", "--tail-entries", "300",

@@ -37,6 +37,7 @@ This handler keeps no per-request task: at 100k adds/s a task per add costs more
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -95,6 +96,7 @@ from .journal import (
 from .ledger_state import LedgerState, LedgerView, pack_proof
 from .long_poll import LongPoll, Peer
 from .records import LEDGER_KEY, entries_record, entry_body, ledger_body, limbo_body
+from .trace import AddTrace, TracedReply
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +133,7 @@ class RequestHandler:
         self.counters: Counter[str] = Counter()
         self._ledgers: dict[int, LedgerState] = {}  # oldest loaded first (evicted first)
         self._on_fatal = on_fatal
+        self.trace: AddTrace | None = None  # benchmarks only: timestamps of every add
         self._inline = Peer()  # the peer of a request handed in without one
         self._dispatch: dict[type, Callable[[Any, Reply, Peer], None]] = {
             AddRequest: self._add,
@@ -266,6 +269,8 @@ class RequestHandler:
     # --- add ------------------------------------------------------------------------------
 
     def _add(self, req: AddRequest, reply: Reply, peer: Peer) -> None:
+        if self.trace is not None:
+            reply = TracedReply(self.trace, reply, req.ledger_id, req.entry_id, 1)
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
         pdigest = payload_digest(req.payload)
         record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
@@ -279,6 +284,8 @@ class RequestHandler:
         def durable(exc: BaseException | None) -> None:
             reply(AddResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid, eid))
 
+        if type(reply) is TracedReply:  # before: the journal thread may take it at once
+            reply.queued_now()
         self.journal.append(*entries_record(lid, journaled), durable)
 
     def _add_batch(
@@ -287,9 +294,12 @@ class RequestHandler:
         """Each entry as :meth:`_add` would; one journal record for the stored ones and one
         answer once it is durable. Returns how many entries it carried (0 if refused)."""
         rid, lid = req.request_id, req.ledger_id
+        handled = time.perf_counter() if self.trace is not None else 0.0
         try:
             entries_max = entries_max or self.config.request_entries_max
             entries = check_add_entries(lid, req.entries, entries_max=entries_max)
+            if self.trace is not None and entries:
+                reply = TracedReply(self.trace, reply, lid, entries[0][0], len(entries), handled)
         except ValueError as exc:
             self.counters["add_bad_request"] += 1
             reply(ErrorResponse(rid, StatusCode.BAD_REQUEST, f"AddBatchRequest: {exc}"))
@@ -305,6 +315,8 @@ class RequestHandler:
                 final = [StatusCode.IO_ERROR if s is OK else s for s in statuses]
             reply(AddBatchResponse(rid, _first_failure(final), lid, final))
 
+        if type(reply) is TracedReply:  # before: the journal thread may take it at once
+            reply.queued_now()
         if len(journaled) == len(entries):  # the request's bytes are the record's body
             self.journal.append(REC_ENTRIES, (LEDGER_KEY.pack(lid), req.entries), durable)
         else:

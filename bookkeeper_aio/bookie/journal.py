@@ -78,6 +78,7 @@ from .journal_format import (
     recycled_name,
     scan,
 )
+from .trace import AddTrace
 
 __all__ = [
     "REC_ENTRIES",
@@ -152,6 +153,11 @@ class Journal:
         self._mark = (0, 0)
         # Each key is counted by one thread only (loop, journal thread, checkpoint worker).
         self._stats = collections.Counter[str]()
+        # Timestamps of each batch (bookie/trace.py), when the bookie traces: batches are
+        # numbered in the order written, which is the order their callbacks run.
+        self.trace: AddTrace | None = None
+        self._traced_written = 0  # the journal thread's count
+        self._traced_durable = 0  # the event loop's count
 
     # --- replay ---------------------------------------------------------------------------
 
@@ -226,6 +232,8 @@ class Journal:
         await asyncio.to_thread(self._thread.join)
         os.close(self._wake_fd)
         os.close(self._records_fd)
+        if self.trace is not None:
+            log.info("add trace written to %s", await asyncio.to_thread(self.trace.write))
 
     @property
     def failed(self) -> BaseException | None:
@@ -326,8 +334,11 @@ class Journal:
         """Write and sync ``batch``; the error if that (or an earlier write) failed."""
         if self._broken is not None:
             return self._broken  # fail-stop: nothing after a failed write is written
+        taken = time.perf_counter() if self.trace is not None else 0.0
+        rolled = False
         try:
             if self._pos >= self.config.journal_file_bytes_max:
+                rolled = True
                 self._roll_over()
             seq = self._seq
             pieces: list[bytes] = []
@@ -337,10 +348,13 @@ class Journal:
                 pieces.append(head)
                 pieces += body
                 size += len(head) + body_size
-            self._write_sync(pieces, self._pos, size)
+            times = self._write_sync(pieces, self._pos, size)
         except BaseException as exc:  # any failure of the disk or the code: stop writing
             self._broken = exc
             return exc
+        if self.trace is not None:
+            self.trace.batch(self._traced_written, taken, *times, len(batch), size, rolled)
+            self._traced_written += 1
         self._pos += size
         self._mark = (seq, self._pos)
         self._stats["batches"] += 1
@@ -369,6 +383,9 @@ class Journal:
         """``batch`` was written and synced (``exc`` None) or failed: tell its callbacks."""
         overhead = RECORD_HEADER.size + 1
         self._queued_bytes -= sum(item[2] for item in batch) + len(batch) * overhead
+        if self.trace is not None and exc is None:
+            self.trace.batch_callbacks(self._traced_durable)
+            self._traced_durable += 1
         if self._pressure and self._queued_bytes < self.config.journal_queue_bytes_max // 2:
             self._set_pressure(False)
         error = None
@@ -388,18 +405,22 @@ class Journal:
 
     # --- file operations (the journal's thread) -------------------------------------------
 
-    def _write_sync(self, pieces: list[bytes], pos: int, size: int) -> None:
+    def _write_sync(self, pieces: list[bytes], pos: int, size: int) -> tuple[float, float]:
+        """Write ``pieces`` at ``pos`` and fdatasync; when the write and the sync returned."""
         end = pos + size
         while end + RECORD_HEADER.size > self._allocated:
             self._preallocate(_ZERO_STEP_BYTES)
         assert self._file is not None
         self._file.append(pieces, pos)
+        written = time.perf_counter()
         os.fdatasync(self._fd)
+        synced = time.perf_counter()
         self._stats["fsyncs"] += 1
         if self._allocated - end < self.config.journal_preallocate_bytes:
             # Keep the zeros ahead one step (1 MiB) at a time, synced with the next batch: a
             # whole journal_preallocate_bytes at once made one batch's fdatasync ~8 ms.
             self._preallocate(_ZERO_STEP_BYTES)
+        return written, synced
 
     def _preallocate(self, size: int | None = None) -> None:
         """Zero-fill the next ``size`` bytes (default ``journal_preallocate_bytes``; real
@@ -466,11 +487,14 @@ class Journal:
             OSError: the engine sync or the checkpoint file write failed.
         """
         async with self._checkpoint_lock:
+            started = time.perf_counter()
             # Everything before (seq, pos) was applied to the engine before it was appended.
             mark_seq, mark_pos = self._mark
             await asyncio.to_thread(sync_engine)
             await asyncio.to_thread(self._write_checkpoint, mark_seq, mark_pos)
             self._stats["checkpoints"] += 1
+            if self.trace is not None:
+                self.trace.checkpoint(started)
 
     def _write_checkpoint(self, seq: int, offset: int) -> None:
         tmp = self.directory / (CHECKPOINT_FILE + ".tmp")

@@ -40,8 +40,10 @@ from .cookie import CookieCheck
 from .disk import next_read_only
 from .handler import RequestHandler
 from .integrity import BOOKIE_BUGS, DataIntegrity
+from .journal import Journal
 from .ledger_dirs import LedgerDirs
 from .storage import BookieJournal, BookieStorage, DiskStorage
+from .trace import AddTrace
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +137,9 @@ class Bookie:
         if isinstance(self._engine, LedgerDirs):
             self._engine.on_failed = self._dir_failed
         self._handler = RequestHandler(self._engine, journal, cfg, on_fatal=self._fatal)
+        if cfg.trace_dir and isinstance(journal, Journal):  # benchmarks only (bookie/trace.py)
+            trace = AddTrace(cfg.trace_dir, cfg.bookie_id, cfg.trace_records_max)
+            self._handler.trace = journal.trace = trace
         await journal.checkpoint(self._engine.sync)
         await self._check_disks()
         await self._preboot(cookies)
