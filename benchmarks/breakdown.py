@@ -36,12 +36,10 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import gc
 import itertools
 import json
 import statistics
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +48,7 @@ from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.client.writer import LedgerWriter
 
 from .cluster import local_cluster
-from .load import CallbackSend, LoadTrace, closed_loop, open_loop, payload_pool
+from .load import CallbackSend, GcPauses, LoadTrace, closed_loop, open_loop, payload_pool
 from .options import client_config, quorum_label
 from .stats import print_table, timeline, write_json
 from .writes import close_and_delete, open_writers, round_robin_callbacks
@@ -80,20 +78,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH")
 
 
-class _GcPauses:
-    """The client's GC pauses while it is installed (start, end, generation)."""
-
-    def __init__(self) -> None:
-        self.pauses: list[tuple[float, float, int]] = []
-        self._start = 0.0
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.pauses.append((self._start, time.perf_counter(), info["generation"]))
-
-
 def traced_send(writers: list[LedgerWriter], payloads: Sequence[bytes]) -> CallbackSend:
     """Round-robin ``append_callback`` returning ``(ledger id, entry id)`` for the trace."""
     turn, payload = itertools.cycle(writers), itertools.cycle(payloads)
@@ -113,7 +97,7 @@ async def measure_breakdown(args: argparse.Namespace) -> dict[str, Any]:
         extra = [a for item in [*args.bookie_set, f"trace_dir={traces}"] for a in ("--set", item)]
         bookies = args.bookies or args.ensemble
         cap = 10 * args.outstanding
-        trace, gc_pauses = LoadTrace(), _GcPauses()
+        trace, gc_pauses = LoadTrace(), GcPauses()
         root = Path(tmp) / "cluster"
         async with local_cluster(root, bookies, args.engine, *extra) as cluster:  # noqa: SIM117
             async with BookKeeper.connect(cluster.uri, client_config(cap, args.entry_size)) as bk:
@@ -128,14 +112,11 @@ async def measure_breakdown(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     peak = load.summary(args.entry_size)["entries_per_s"]
                 rate = args.rate or max(100.0, round(peak * args.fraction, -2))
-                gc.callbacks.append(gc_pauses)
-                try:
+                with gc_pauses:
                     load = await open_loop(
                         traced_send(writers, payloads), rate, args.duration, cap,
                         callbacks=True, trace=trace,
                     )  # fmt: skip
-                finally:
-                    gc.callbacks.remove(gc_pauses)
                 await close_and_delete(bk, writers)
         bookie_traces = {p.stem: json.loads(p.read_text()) for p in sorted(traces.glob("*.json"))}
     joined = join(trace, bookie_traces, args.ack_quorum)
@@ -146,6 +127,7 @@ async def measure_breakdown(args: argparse.Namespace) -> dict[str, Any]:
         "entry_size": args.entry_size,
         "bookies": bookies,
         **load.summary(args.entry_size),
+        **gc_pauses.summary(),
         **analyse(joined, gc_pauses.pauses, bookie_traces, args.slow_fsync_ms),
     }
     if peak:

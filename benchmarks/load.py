@@ -26,6 +26,7 @@ future that fails counts one error. Both loops end when every started operation 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -102,6 +103,38 @@ class LoadTrace:
 
     sent: list[tuple[Any, float, float]] = field(default_factory=list)
     done: list[tuple[int, float]] = field(default_factory=list)
+
+
+class GcPauses:
+    """The garbage collector's pauses in this process while installed (``with``): each as
+    (start, end, generation). A full (generation 2) collection walks every tracked object of
+    the process, and its pause hits every operation in flight."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float, int]] = []
+        self._start = 0.0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append((self._start, time.perf_counter(), info["generation"]))
+
+    def summary(self) -> dict[str, Any]:
+        """Collections per generation, the longest pause and the full collections' total."""
+        gens = [g for _, _, g in self.pauses]
+        return {
+            "client_gc_collections": [gens.count(g) for g in range(3)],
+            "client_gc_pause_max_ms": max((e - s for s, e, _ in self.pauses), default=0) * 1000,
+            "client_gc_gen2_ms": sum(e - s for s, e, g in self.pauses if g == 2) * 1000,
+        }
 
 
 class _Slot:

@@ -28,7 +28,7 @@ from bookkeeper_aio.errors import BookKeeperError
 
 from . import machine
 from .cluster import mode_target
-from .load import CallbackSend, LoadResult, Send, closed_loop, drive, payload_pool
+from .load import CallbackSend, GcPauses, LoadResult, Send, closed_loop, drive, payload_pool
 from .options import PASSWORD, add_client_arguments, client_config, quorum_label
 from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
@@ -91,9 +91,10 @@ async def measure_writes(uri: str, args: argparse.Namespace) -> dict[str, Any]:
         if args.warmup > 0:
             await closed_loop(send, args.outstanding, args.warmup, callbacks=True)
         async with machine.cpu_probe() as probe:
-            load: LoadResult = await drive(
-                send, args.outstanding, args.duration, args.rate, callbacks=True
-            )
+            with GcPauses() as gc_pauses:
+                load: LoadResult = await drive(
+                    send, args.outstanding, args.duration, args.rate, callbacks=True
+                )
         try:
             await close_and_delete(bk, writers)
         except BookKeeperError as exc:  # a failed handle: the load's errors say why
@@ -101,6 +102,7 @@ async def measure_writes(uri: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
         **describe(args),
         **load.summary(args.entry_size),
+        **gc_pauses.summary(),
         "cpu_probe_ms": machine.cpu_probe_ms(probe),
     }
 
