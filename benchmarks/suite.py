@@ -110,7 +110,7 @@ async def _client_benchmarks(uri: str, common: list[str]) -> dict[str, Any]:
 
 def interpreter() -> str:
     """This Python's version and executable: its build moves every figure (Makefile,
-    docs/performance.md, thirteenth round)."""
+    docs/performance.md at e27bdd3, thirteenth round)."""
     return f"{platform.python_version()} {os.path.realpath(sys.executable)}"
 
 

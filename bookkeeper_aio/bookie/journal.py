@@ -14,7 +14,8 @@ batch cost two wake-ups between the threads, ~70 µs of an idle bookie's one-add
 under load the disk sat idle until a busy loop came round to the next batch.)
 
 Files are preallocated with real zeros ``journal_preallocate_bytes`` ahead of the write position
-(so an fdatasync does not also have to persist a new file size) and roll over past
+(so an fdatasync does not also have to persist a new file size), 1 MiB at a time after a batch's
+sync (a new file starts with one such step, not all of them at once), and roll over past
 ``journal_file_bytes_max``. Every start opens a new file: a file with a torn tail is never
 appended to. A checkpoint keeps up to ``journal_recycle_files`` of the files it retires
 (``recycled-<seq>.log``) and the next new file reuses one: its blocks exist already, so no
@@ -41,7 +42,7 @@ Both wake-ups are ``os.eventfd_write``, which releases the GIL around its syscal
 thread woken finds the GIL free: with ``SimpleQueue.put`` and ``call_soon_threadsafe``
 (until 2026-11-24) the waker still held it, the woken thread often went back to sleep on the
 GIL and needed a second wake-up, and the loop ran a batch's callbacks one loop iteration
-late (docs/performance.md, twelfth round).
+late (docs/performance.md at e27bdd3, twelfth round).
 """
 
 from __future__ import annotations
@@ -462,7 +463,11 @@ class Journal:
         self._pos, self._allocated = len(header), allocated
         self._mark = (seq, self._pos)
         if self._allocated - self._pos < self.config.journal_preallocate_bytes:
-            self._preallocate()
+            # One step only: the batches that follow add the rest a step at a time. All of
+            # journal_preallocate_bytes here made a rollover to a new file one stall of the
+            # whole 16 MiB written and synced in the batch's path (~40-80 ms on this disk;
+            # under load a fresh file every ~2.5 s: docs/performance.md).
+            self._preallocate(_ZERO_STEP_BYTES)
         os.fsync(fd)
         fsync_dir(self.directory)
 
