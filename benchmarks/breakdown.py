@@ -48,7 +48,15 @@ from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.client.writer import LedgerWriter
 
 from .cluster import local_cluster
-from .load import CallbackSend, GcPauses, LoadTrace, closed_loop, open_loop, payload_pool
+from .load import (
+    CallbackSend,
+    GcPauses,
+    LoadTrace,
+    closed_loop,
+    frozen_gc,
+    open_loop,
+    payload_pool,
+)
 from .options import client_config, quorum_label
 from .stats import print_table, timeline, write_json
 from .writes import close_and_delete, open_writers, round_robin_callbacks
@@ -73,6 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bookies", type=int, default=None, metavar="N", help="default: E")
     p.add_argument("--engine", default="rocksdb", choices=("rocksdb", "files", "memory"))
     p.add_argument("--bookie-set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
+                   help="gc.freeze() before the open loop (as writes; default: on)")  # fmt: skip
     p.add_argument("--slow-fsync-ms", type=float, default=5.0, metavar="MS")
     p.add_argument("--dir", metavar="DIR", help="where the cluster and traces go (tmp)")
     p.add_argument("--json", metavar="PATH")
@@ -112,7 +122,7 @@ async def measure_breakdown(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     peak = load.summary(args.entry_size)["entries_per_s"]
                 rate = args.rate or max(100.0, round(peak * args.fraction, -2))
-                with gc_pauses:
+                with frozen_gc(args.gc_freeze), gc_pauses:
                     load = await open_loop(
                         traced_send(writers, payloads), rate, args.duration, cap,
                         callbacks=True, trace=trace,
@@ -126,6 +136,7 @@ async def measure_breakdown(args: argparse.Namespace) -> dict[str, Any]:
         "ledgers": args.ledgers,
         "entry_size": args.entry_size,
         "bookies": bookies,
+        "gc_freeze": args.gc_freeze,
         **load.summary(args.entry_size),
         **gc_pauses.summary(),
         **analyse(joined, gc_pauses.pauses, bookie_traces, args.slow_fsync_ms),

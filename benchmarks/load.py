@@ -26,10 +26,11 @@ future that fails counts one error. Both loops end when every started operation 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,25 @@ class LoadTrace:
 
     sent: list[tuple[Any, float, float]] = field(default_factory=list)
     done: list[tuple[int, float]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def frozen_gc(freeze: bool = True) -> Iterator[None]:
+    """With ``freeze``: collect, then ``gc.freeze()`` for the block, so the garbage
+    collector's full collections skip every object made before it (the client's connections,
+    the imported modules, the earlier phases' leftovers) and scan only what the load makes;
+    unfrozen after. A full collection of the benchmark's client, connected and idle, took
+    108-162 ms on a loaded machine and ~0 frozen (docs/performance.md): its pause lands on
+    every operation in flight."""
+    if not freeze:
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class GcPauses:
