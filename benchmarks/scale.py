@@ -2,8 +2,9 @@
 
     python -m benchmarks scale --duration 5 --ledger-counts 1,10,100 --bookie-counts 3,6
 
-For each bookie count a fresh local cluster (etcd + that many bookie processes); in it, for
-each ledger count, the ``writes`` closed loop (``--outstanding`` adds in flight in all,
+For each bookie count a fresh local cluster (etcd + that many bookie processes), all of them up
+at once; for each ledger count, in each cluster in turn (so that neighbouring points share the
+machine's drift), the ``writes`` closed loop (``--outstanding`` adds in flight in all,
 round-robin over the ledgers, E3/WQ3/AQ2 by default: with more bookies than the ensemble the
 ledgers' ensembles spread over them). Every point is also given as a ratio against the first
 one (the fewest ledgers on the fewest bookies), measured in the same run: the cost of adding
@@ -14,6 +15,7 @@ its picture over time (``b<bookies>_l<ledgers>``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -69,16 +71,25 @@ async def measure_scale(args: argparse.Namespace) -> dict[str, Any]:
     """Every point; ``points`` keyed ``b<bookies>_l<ledgers>``, with ratios to the first."""
     points: dict[str, Any] = {}
     extra = [arg for item in args.bookie_set for arg in ("--set", item)]
+    for bookies in args.bookie_counts:
+        if bookies < args.ensemble:
+            raise SystemExit(f"scale: {bookies} bookies cannot hold an ensemble of {args.ensemble}")
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-scale-") as tmp:
-        for bookies in args.bookie_counts:
-            if bookies < args.ensemble:
-                raise SystemExit(f"scale: {bookies} bookies cannot hold an ensemble of "
-                                 f"{args.ensemble}")  # fmt: skip
-            root = Path(tmp) / f"b{bookies}"
-            async with local_cluster(root, bookies, args.engine, *extra) as cluster:
-                for ledgers in args.ledger_counts:
+        async with contextlib.AsyncExitStack() as stack:
+            # Every cluster up at once, and the points alternate between them: this machine's
+            # speed drifts within minutes, and neighbouring points then share its drift.
+            clusters = {
+                bookies: await stack.enter_async_context(
+                    local_cluster(Path(tmp) / f"b{bookies}", bookies, args.engine, *extra)
+                )
+                for bookies in args.bookie_counts
+            }
+            for ledgers in args.ledger_counts:
+                for bookies, cluster in clusters.items():
                     result = await writes.measure_writes(cluster.uri, writes_args(args, ledgers))
                     points[f"b{bookies}_l{ledgers}"] = {**result, "bookies": bookies}
+    points = {f"b{b}_l{n}": points[f"b{b}_l{n}"] for b in args.bookie_counts
+              for n in args.ledger_counts}  # fmt: skip
     base = next(iter(points.values()))
     for point in points.values():
         point["ratio_vs_first"] = point["entries_per_s"] / base["entries_per_s"]
