@@ -2,7 +2,7 @@
 # The venv's interpreter: the system's python3 when it is 3.11 or newer and can make a venv,
 # else python3 on PATH; `make PYTHON=...` overrides. Why: how CPython was built matters as much
 # as our code. Debian's python3 is built with PGO and LTO, and on this code it runs ~1.5x
-# faster than a default pyenv build (-O3, no PGO; docs/performance.md, thirteenth round).
+# faster than a default pyenv build (-O3, no PGO; docs/performance.md at e27bdd3, thirteenth round).
 # An existing .venv keeps its interpreter: `make clean` first to switch.
 SYSTEM_PYTHON := $(shell for p in /usr/bin/python3 python3; do \
 	$$p -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
@@ -55,8 +55,10 @@ format: setup
 run: setup
 	$(PY) -m bookkeeper_aio.demo
 
+# Prints one table; bench-results/ gets a PNG and a JSON per phase (latency percentiles and
+# throughput per second) and all.json (every figure of the run).
 bench: setup
-	$(PY) -m benchmarks all --short
+	$(PY) -m benchmarks all --short --plots bench-results --json bench-results/all.json
 
 sim: setup
 	$(PY) -m bookkeeper_aio.sim --seeds $(SEEDS)

@@ -10,7 +10,10 @@ plain), kafka (aiokafka's producer through the Kafka gateway against direct log 
 spark (the Spark sink and source against the client, and the commit's cost), rereplication
 (autorecovery after losing a bookie: copy rate against the disk's limit, time back to WQ), gc
 (writes while the bookies delete and compact a previous run's ledgers, against the same writes
-without), scrub (writes while the bookies scrub vs not), all.
+without), scrub (writes while the bookies scrub vs not), scale (throughput and p99 over ledgers
+and bookies), breakdown (the open loop's latency by phase, from the bookies' timestamps), all.
+Every mode takes ``--plots DIR``: per phase a PNG and a JSON of its latency percentiles and
+throughput per second (benchmarks/plots.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import uvloop
 
 from . import (
     bookie,
+    breakdown,
     floor,
     gc,
     hostile,
@@ -35,9 +39,11 @@ from . import (
     misses,
     ops,
     overload,
+    plots,
     reads,
     recovery,
     rereplication,
+    scale,
     scrub,
     spark,
     suite,
@@ -65,6 +71,8 @@ MODES: dict[str, tuple[Any, Callable[[argparse.Namespace], Awaitable[Any]], str]
         "autorecovery after a lost bookie: copy MB/s vs the disk, time to WQ",
     ),
     "gc": (gc, gc.run_gc, "writes while GC frees a previous run's ledgers vs without"),
+    "breakdown": (breakdown, breakdown.run_breakdown, "open loop: where an add's time goes"),
+    "scale": (scale, scale.run_scale, "throughput and p99 over 1-100 ledgers and 3-6 bookies"),
     "misses": (misses, misses.run_misses, "engines: absent entries next to a large one"),
     "hostile": (hostile, hostile.run_hostile, "a bookie's RSS under clients that never read"),
     "scrub": (scrub, scrub.run_scrub, "writes with the bookies scrubbing at their rate vs not"),
@@ -80,13 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     modes = parser.add_subparsers(dest="mode", required=True, metavar="MODE")
     for name, (module, _, help_text) in MODES.items():
-        module.add_arguments(
-            modes.add_parser(
-                name,
-                help=help_text,
-                description=module.__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter,
-            )
+        sub = modes.add_parser(
+            name,
+            help=help_text,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(sub)
+        sub.add_argument(
+            "--plots",
+            metavar="DIR",
+            help="per phase, latency percentiles and throughput per second: DIR/PHASE.png "
+            "and DIR/PHASE.json (matplotlib: the bench extra)",
         )
     return parser
 
@@ -96,7 +109,10 @@ async def _stoppable(run: Callable[[argparse.Namespace], Awaitable[Any]], args: 
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    await run(args)
+    result = await run(args)
+    if args.plots and isinstance(result, dict):
+        for png in plots.write_phase_plots(args.plots, result, args.mode):
+            print(f"wrote {png}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from bookkeeper_aio.sandbox import BookieProcess
 
 from .disk import group_commit_limit
 from .load import payload_pool
-from .stats import latency_summary, print_table, write_json
+from .stats import latency_summary, print_table, timeline, write_json
 
 KEY = master_key(b"bench")
 
@@ -63,20 +63,26 @@ class _Writer:
 
 async def sequential(writer: _Writer, count: int) -> dict[str, float]:
     """One add outstanding at a time: the latency floor (one fdatasync per add)."""
-    latencies = []
+    latencies, completions = [], []
     start = time.perf_counter()
     for _ in range(count):
         t0 = time.perf_counter()
         reply = await writer.send()
-        latencies.append(time.perf_counter() - t0)
+        completions.append(time.perf_counter())
+        latencies.append(completions[-1] - t0)
         assert reply.status == StatusCode.OK, reply
     elapsed = time.perf_counter() - start
-    return {"adds_per_s": count / elapsed, **latency_summary(latencies)}
+    return {
+        "adds_per_s": count / elapsed,
+        **latency_summary(latencies),
+        "timeline": timeline(latencies, completions, start),
+    }
 
 
 async def pipelined(writer: _Writer, outstanding: int, duration_s: float) -> dict[str, float]:
     """Closed loop with ``outstanding`` adds in flight for ``duration_s``."""
     latencies: list[float] = []
+    completions: list[float] = []
     done = asyncio.Event()
     deadline = time.perf_counter() + duration_s
     in_flight = 0
@@ -95,6 +101,7 @@ async def pipelined(writer: _Writer, outstanding: int, duration_s: float) -> dic
         if fut.exception() is not None or fut.result().status != StatusCode.OK:
             errors += 1
         latencies.append(now - t0)
+        completions.append(now)
         if now < deadline:
             launch()
         elif in_flight == 0:
@@ -114,6 +121,7 @@ async def pipelined(writer: _Writer, outstanding: int, duration_s: float) -> dic
         "mb_per_s": count * size / elapsed / 1e6,
         "errors": errors,
         **latency_summary(latencies),
+        "timeline": timeline(latencies, completions, start),
     }
 
 

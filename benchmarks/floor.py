@@ -6,12 +6,13 @@ Three minimal uvloop servers (processes, loopback TCP) each append what they rec
 preallocated O_DIRECT file with the journal's own ``BlockWriter`` (one ``pwrite`` of whole 4 KiB
 blocks, rewriting the partial last one) and an ``fdatasync``, on a journal thread
 (``SimpleQueue`` in, ``call_soon_threadsafe`` out: the bookie's journal's hand-offs until
-2026-11-24, now eventfds, docs/performance.md twelfth round), or ``--inline`` on the event
-loop; then they answer with the request's sequence number. A client sends one entry at a time
-to all three and waits for ``--ack-quorum`` answers to *that* entry. No protocol, no digests,
-no storage engine, no metadata: what one add outstanding costs on this machine before our
-request path runs. ``writes --outstanding 1`` divided by this is our overhead
-(docs/performance.md, tenth round). The first fifth of the adds is not measured (warm-up).
+2026-11-24, now eventfds, docs/performance.md at e27bdd3, twelfth round), or ``--inline`` on the
+event loop; then they answer with the request's sequence number. A client sends one entry at a
+time to all three and waits for ``--ack-quorum`` answers to *that* entry. No protocol, no
+digests, no storage engine, no metadata: what one add outstanding costs on this machine before
+our request path runs. ``writes --outstanding 1`` divided by this is our overhead
+(docs/performance.md at e27bdd3, tenth round). The first fifth of the adds is not measured
+(warm-up).
 """
 
 from __future__ import annotations

@@ -26,13 +26,15 @@ future that fails counts one error. Both loops end when every started operation 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .stats import latency_summary
+from .stats import latency_summary, timeline
 
 Send = Callable[[], "asyncio.Future[Any]"]
 Done = Callable[[Any, BaseException | None], None]
@@ -65,6 +67,8 @@ class LoadResult:
     """What one run of a load generator measured."""
 
     latencies_s: list[float] = field(default_factory=list)
+    completions_s: list[float] = field(default_factory=list)  # perf_counter at each latency
+    started_s: float = 0.0  # perf_counter when the load started
     entries: int = 0  # operations, or entries when an operation carries several (reads)
     errors: int = 0
     first_error: str | None = None
@@ -88,6 +92,68 @@ class LoadResult:
             "first_error": self.first_error,
             "elapsed_s": self.elapsed_s,
             **latency_summary(self.latencies_s),
+            "timeline": timeline(self.latencies_s, self.completions_s, self.started_s),
+        }
+
+
+@dataclass
+class LoadTrace:
+    """Per operation, for joining with the servers' timestamps (benchmarks/breakdown.py):
+    ``sent[i]`` is (what ``send`` returned, intended send time, actual send time) and
+    ``done`` holds (i, completion time) for those that succeeded. Callback loads only."""
+
+    sent: list[tuple[Any, float, float]] = field(default_factory=list)
+    done: list[tuple[int, float]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def frozen_gc(freeze: bool = True) -> Iterator[None]:
+    """With ``freeze``: collect, then ``gc.freeze()`` for the block, so the garbage
+    collector's full collections skip every object made before it (the client's connections,
+    the imported modules, the earlier phases' leftovers) and scan only what the load makes;
+    unfrozen after. A full collection of the benchmark's client, connected and idle, took
+    108-162 ms on a loaded machine and ~0 frozen (docs/performance.md): its pause lands on
+    every operation in flight."""
+    if not freeze:
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+class GcPauses:
+    """The garbage collector's pauses in this process while installed (``with``): each as
+    (start, end, generation). A full (generation 2) collection walks every tracked object of
+    the process, and its pause hits every operation in flight."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float, int]] = []
+        self._start = 0.0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append((self._start, time.perf_counter(), info["generation"]))
+
+    def summary(self) -> dict[str, Any]:
+        """Collections per generation, the longest pause and the full collections' total."""
+        gens = [g for _, _, g in self.pauses]
+        return {
+            "client_gc_collections": [gens.count(g) for g in range(3)],
+            "client_gc_pause_max_ms": max((e - s for s, e, _ in self.pauses), default=0) * 1000,
+            "client_gc_gen2_ms": sum(e - s for s, e, g in self.pauses if g == 2) * 1000,
         }
 
 
@@ -97,10 +163,11 @@ class _Slot:
     garbage collector tracks (a closure per operation was ~5 such objects, and the cyclic
     GC then took ~1 µs of the client's CPU per add: docs/performance.md)."""
 
-    __slots__ = ("done", "t0", "then", "tracker")
+    __slots__ = ("done", "index", "t0", "then", "tracker")
 
     def __init__(self, tracker: _Tracker) -> None:
         self.tracker = tracker
+        self.index = -1  # in the tracker's LoadTrace, when it has one
         self.t0 = 0.0
         self.then: Callable[[float], None] | None = None
         self.done: Done = self._done
@@ -112,8 +179,9 @@ class _Slot:
 class _Tracker:
     """Completion bookkeeping shared by both loops."""
 
-    def __init__(self, weight: Weight, callbacks: bool) -> None:
+    def __init__(self, weight: Weight, callbacks: bool, trace: LoadTrace | None = None) -> None:
         self.result = LoadResult()
+        self.trace = trace
         self.weight = weight
         self.callbacks = callbacks
         self.in_flight = 0
@@ -133,7 +201,12 @@ class _Tracker:
                 slot = self._free.pop() if self._free else _Slot(self)
                 slot.t0, slot.then = t0, then
                 try:
-                    send(slot.done)  # type: ignore[call-arg]
+                    if self.trace is None:
+                        send(slot.done)  # type: ignore[call-arg]
+                    else:
+                        sent, now = self.trace.sent, time.perf_counter()
+                        slot.index = len(sent)
+                        sent.append((send(slot.done), t0, now))  # type: ignore[call-arg]
                 except Exception:
                     self._free.append(slot)
                     raise
@@ -169,6 +242,9 @@ class _Tracker:
             result.fail(error)
         else:
             result.latencies_s.append(now - t0)
+            result.completions_s.append(now)
+            if slot is not None and self.trace is not None:
+                self.trace.done.append((slot.index, now))
             result.entries += 1 if self.weight is _one else self.weight(value)
         if slot is not None:
             self._free.append(slot)  # before then(): the next operation takes it
@@ -200,7 +276,7 @@ async def closed_loop(
     """
     assert outstanding >= 1 and (duration_s is not None or count is not None)
     tracker = _Tracker(weight, callbacks)
-    start = time.perf_counter()
+    start = tracker.result.started_s = time.perf_counter()
     deadline = start + duration_s if duration_s is not None else float("inf")
     remaining = count if count is not None else -1
 
@@ -227,6 +303,7 @@ async def open_loop(
     weight: Weight = _one,
     drain_timeout_s: float = 60.0,
     callbacks: bool = False,
+    trace: LoadTrace | None = None,
 ) -> LoadResult:
     """Send at ``rate_per_s`` for ``duration_s``; latency from each intended send time.
 
@@ -237,7 +314,7 @@ async def open_loop(
         TimeoutError: started operations did not finish within ``drain_timeout_s``.
     """
     assert rate_per_s > 0 and outstanding_max >= 1
-    tracker = _Tracker(weight, callbacks)
+    tracker = _Tracker(weight, callbacks, trace)
     room = asyncio.Event()
     room.set()
 
@@ -246,7 +323,7 @@ async def open_loop(
             room.set()
 
     total = max(1, int(rate_per_s * duration_s))
-    start = time.perf_counter()
+    start = tracker.result.started_s = time.perf_counter()
     sent = 0
     async with asyncio.timeout(duration_s + drain_timeout_s):
         while sent < total:

@@ -30,7 +30,7 @@ from . import machine
 from .cluster import mode_target
 from .load import payload_pool
 from .options import add_client_arguments, client_config, quorum_label
-from .stats import latency_summary, print_table, write_json
+from .stats import latency_summary, print_table, timeline, write_json
 
 ROLLOVER_WINDOW_S = 0.05  # before a segment's close: drain, close, compare-and-swap
 DRAIN_TIMEOUT_S = 60.0
@@ -61,7 +61,7 @@ class Timed:
         self.idle = asyncio.Event()
 
     async def run(self, duration_s: float) -> Timed:
-        start = time.perf_counter()
+        start = self.started = time.perf_counter()
         self.deadline = start + duration_s
         self.idle.clear()
         for _ in range(self.outstanding):
@@ -100,6 +100,11 @@ class Timed:
             "errors": self.errors,
             "first_error": self.first_error,
             **latency_summary(self.latencies),
+            "timeline": timeline(
+                self.latencies,
+                [t + lat for t, lat in zip(self.starts, self.latencies, strict=True)],
+                self.started,
+            ),
         }
 
 
@@ -167,7 +172,9 @@ async def _ledger_phase(bk: BookKeeper, args: argparse.Namespace, payloads: list
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """The mean of two phases' figures (rates and percentiles alike)."""
-    return {k: (a[k] + b[k]) / 2 if isinstance(a[k], int | float) else a[k] for k in a}
+    merged = {k: (a[k] + b[k]) / 2 if isinstance(a[k], int | float) else a[k] for k in a}
+    merged.pop("timeline", None)  # each phase has its own
+    return merged
 
 
 def _step(log: Timed, closes: list[float]) -> dict[str, Any]:

@@ -2,10 +2,11 @@
 
 The benchmarks' VM runs 30-40 % slower for stretches of 3-5 s: a fixed single-thread workload
 took 161-244 ms of its own CPU time within one minute on the idle machine, and no steal time
-shows (docs/performance.md, sixth round). A 5 s phase lands in such a stretch or not, so two
-runs of the same code differ by a third. :func:`cpu_probe` samples the CPU during a phase: a
-child process runs a fixed ~3 ms workload every 0.25 s (about 1 % of one CPU) and reports the
-CPU time each run took; a phase's ``cpu_probe_ms`` is their median. Lower is a faster machine.
+shows (docs/performance.md at e27bdd3, sixth round). A 5 s phase lands in such a stretch or not,
+so two runs of the same code differ by a third. :func:`cpu_probe` samples the CPU during a
+phase: a child process runs a fixed ~3 ms workload every 0.25 s (about 1 % of one CPU) and
+reports the CPU time each run took; a phase's ``cpu_probe_ms`` is their median. Lower is a
+faster machine.
 It is comparable between runs of the same phase on the same interpreter only: under load the
 benchmark's processes share the CPUs and their caches with the probe, on an idle machine the CPU
 wakes from its idle states for each run (the idle machine measured slower than a loaded one),

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+TIMELINE_SPAN_MIN_S = 0.25
+
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """The ``q``-quantile (0..1) of already sorted values, nearest rank."""
@@ -26,6 +28,34 @@ def latency_summary(latencies_s: Sequence[float]) -> dict[str, float]:
     }
     summary["max_ms"] = (values[-1] * 1000) if values else math.nan
     return summary
+
+
+def timeline(
+    latencies_s: Sequence[float], completions_s: Sequence[float], start_s: float
+) -> list[dict[str, float | None]]:
+    """Per second of the run, by completion time: operations/s and the latency percentiles
+    of the operations that completed in that second (what a plot over time shows: a stall is
+    a second whose p99 jumps and whose throughput drops). Empty when no completion times were
+    recorded. The last second counts only the part of it the run lasted."""
+    if not completions_s or len(completions_s) != len(latencies_s):
+        return []
+    buckets: dict[int, list[float]] = {}
+    for done, latency in zip(completions_s, latencies_s, strict=True):
+        buckets.setdefault(max(0, int(done - start_s)), []).append(latency)
+    end = max(completions_s) - start_s
+    rows = []
+    for second in range(int(end) + 1):
+        span = min(1.0, end - second)
+        if span < TIMELINE_SPAN_MIN_S:  # the run's last few ms: no rate worth plotting
+            break
+        values = sorted(buckets.get(second, ()))
+        summary: dict[str, float | None] = (
+            dict(latency_summary(values))
+            if values
+            else {k: None for k in ("p50_ms", "p95_ms", "p99_ms", "p99_9_ms", "max_ms")}
+        )
+        rows.append({"t_s": float(second), "ops_per_s": len(values) / span, **summary})
+    return rows
 
 
 def print_table(title: str, rows: list[dict[str, Any]]) -> None:
@@ -58,4 +88,5 @@ def _fmt(value: Any) -> str:
 def write_json(path: str | None, result: dict[str, Any]) -> None:
     """Write the result as JSON if a path was given."""
     if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

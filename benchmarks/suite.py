@@ -4,12 +4,11 @@ Order: the disk's limits (first, while nothing of ours is being written back), t
 add at a time through minimal servers: the baseline of the 1-outstanding row), one bookie,
 journal on/off, then one local cluster (etcd + 3 bookies) for the client benchmarks (writes at
 1, 128 and 1000 outstanding and an open loop at half the closed-loop rate, tail, reads,
-recovery, log appends with rollovers against ledger writes), then a fresh cluster for writes
-to 100 ledgers at once (1000 outstanding), then the cost of metrics and of TLS (``ops``:
-three clusters written to in turn), then the
-3-member etcd peer at the same concurrencies. ``--short`` gives each
-measured phase 5 s (the whole run takes about two minutes on a 2-vCPU machine); without it,
-30 s.
+recovery of 10 ledgers and of one ledger's 10,000 unconfirmed entries, log appends with
+rollovers against ledger writes), then a fresh cluster for writes to 100 ledgers at once (1000
+outstanding), then the cost of metrics and of TLS (``ops``: three clusters written to in turn),
+then the 3-member etcd peer at the same concurrencies. ``--short`` gives each measured phase
+5 s (the whole run takes about two minutes on a 2-vCPU machine); without it, 30 s.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from .stats import print_table, write_json
 
 WRITE_OUTSTANDINGS = (1, 128, 1000)
 MANY_LEDGERS = 100  # written at once, as a bookie behind many topics sees them
+RECOVERY_TAIL_ENTRIES = 10_000  # unconfirmed entries at a ledger's tail (issue 32's goal)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,6 +103,8 @@ async def _client_benchmarks(uri: str, common: list[str]) -> dict[str, Any]:
     out["reads_c100"] = await reads.measure_reads(uri, mode_args(reads, argv))
     argv = ["--ledgers", "10", "--entries", "2000", "--outstanding", "1000"]
     out["recovery"] = await recovery.measure_recovery(uri, mode_args(recovery, argv))
+    argv = ["--ledgers", "1", "--entries", "0", "--tail-entries", str(RECOVERY_TAIL_ENTRIES)]
+    out["recovery_tail"] = await recovery.measure_recovery(uri, mode_args(recovery, argv))
     log = await logs.measure_log(uri, mode_args(logs, [*common, "--outstanding", "1000"]))
     out["log"] = {**log, **logs.ratios(log)}
     return out
@@ -110,7 +112,7 @@ async def _client_benchmarks(uri: str, common: list[str]) -> dict[str, Any]:
 
 def interpreter() -> str:
     """This Python's version and executable: its build moves every figure (Makefile,
-    docs/performance.md, thirteenth round)."""
+    docs/performance.md at e27bdd3, thirteenth round)."""
     return f"{platform.python_version()} {os.path.realpath(sys.executable)}"
 
 
@@ -142,6 +144,10 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
     rows.append(_row("reads: 1/call, 100 calls", results["reads_c100"], ""))
     r = results["recovery"]
     rows.append(_row("recovery: 10 ledgers", r, f"per ledger; {r['entries']} entries read fwd"))
+    r = results["recovery_tail"]
+    note = (f"x{r['ratio_vs_tail_write']:.2f} the tail's write "
+            f"({r['tail_write_p50_ms']:.0f} ms, {r['tail_entries']} in flight)")  # fmt: skip
+    rows.append(_row(f"recovery: 1 ledger, {r['tail_entries']} unconfirmed", r, note))
     r = results["log"]
     step = r["ratio_rollover_p99"] or float("nan")
     note = (f"x{r['ratio_vs_ledger']:.2f} ledger rate, x{r['ratio_p99_vs_ledger']:.2f} ledger "

@@ -31,7 +31,7 @@ from bookkeeper_aio.client.writer import LedgerWriter
 from .cluster import mode_target
 from .load import LoadResult, drive, payload_pool
 from .options import PASSWORD, add_client_arguments, client_config, quorum_label
-from .stats import latency_summary, print_table, write_json
+from .stats import latency_summary, print_table, timeline, write_json
 from .writes import describe, open_writers
 
 GRACE_S = 0.5  # appends after the window, so measured entries get their LAC piggybacked
@@ -102,7 +102,8 @@ async def measure_tail(uri: str, args: argparse.Namespace) -> dict[str, Any]:
                 await follow
         await writer.close()
         await wbk.delete_ledger(writer.ledger_id)
-    latencies = [follower.seen[e] - sent[e] for e in measured if e in follower.seen]
+    seen = [e for e in measured if e in follower.seen]
+    latencies = [follower.seen[e] - sent[e] for e in seen]
     append = appends.summary(args.entry_size)
     return {
         **describe(args),
@@ -113,6 +114,7 @@ async def measure_tail(uri: str, args: argparse.Namespace) -> dict[str, Any]:
         "errors": appends.errors,
         "first_error": appends.first_error,
         **latency_summary(latencies),
+        "timeline": timeline(latencies, [follower.seen[e] for e in seen], window[0]),
         **{f"append_{k}": v for k, v in append.items() if k.endswith("_ms")},
     }
 

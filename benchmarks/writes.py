@@ -28,7 +28,16 @@ from bookkeeper_aio.errors import BookKeeperError
 
 from . import machine
 from .cluster import mode_target
-from .load import CallbackSend, LoadResult, Send, closed_loop, drive, payload_pool
+from .load import (
+    CallbackSend,
+    GcPauses,
+    LoadResult,
+    Send,
+    closed_loop,
+    drive,
+    frozen_gc,
+    payload_pool,
+)
 from .options import PASSWORD, add_client_arguments, client_config, quorum_label
 from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
@@ -43,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also measure a 3-member etcd and the disk limit (default: on)",
+    )
+    p.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="gc.freeze() after the setup, as a latency-sensitive application does after its "
+        "start: full collections then skip the objects the setup made (default: on)",
     )
     p.add_argument(
         "--peer-duration",
@@ -90,10 +106,12 @@ async def measure_writes(uri: str, args: argparse.Namespace) -> dict[str, Any]:
         send = round_robin_callbacks(writers, payloads)
         if args.warmup > 0:
             await closed_loop(send, args.outstanding, args.warmup, callbacks=True)
-        async with machine.cpu_probe() as probe:
-            load: LoadResult = await drive(
-                send, args.outstanding, args.duration, args.rate, callbacks=True
-            )
+        with frozen_gc(getattr(args, "gc_freeze", True)):
+            async with machine.cpu_probe() as probe:
+                with GcPauses() as gc_pauses:
+                    load: LoadResult = await drive(
+                        send, args.outstanding, args.duration, args.rate, callbacks=True
+                    )
         try:
             await close_and_delete(bk, writers)
         except BookKeeperError as exc:  # a failed handle: the load's errors say why
@@ -101,6 +119,8 @@ async def measure_writes(uri: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
         **describe(args),
         **load.summary(args.entry_size),
+        **gc_pauses.summary(),
+        "gc_freeze": getattr(args, "gc_freeze", True),
         "cpu_probe_ms": machine.cpu_probe_ms(probe),
     }
 

@@ -316,6 +316,11 @@ class BookieConfig(AutorecoverySettings):
     # Testing only: a ledger dir's engine fails every call with EIO once a file named
     # INJECT_IO_ERROR exists in that dir (docs/durability.md, disk problems).
     engine_fault_injection: bool = False
+    # Benchmarks only: timestamps of every add, journal batch, GC pause and checkpoint, written
+    # to trace_dir/<bookie id>.json at shutdown (bookie/trace.py); at most trace_records_max
+    # of each kind are kept.
+    trace_dir: str | None = None
+    trace_records_max: int = 2_000_000
 
     # The HTTP admin API and /metrics (docs/operations.md): HOST:PORT, bound to that only.
     http_listen: str | None = None
@@ -414,7 +419,7 @@ class ClientConfig(_Config):
     metadata_retries_max: int = 20  # compare-and-swap attempts per metadata change
     speculative_read_timeout_s: float = 0.5  # then the read also goes to the next replica
     long_poll_timeout_ms: int = 5_000  # a tailer's wait for the LAC to move
-    recovery_reads_parallel_max: int = 64  # entries read ahead during recovery
+    recovery_reads_parallel_max: int = 256  # a window: recovery reads two ahead, writes one
     reads_parallel_max: int = 1_000  # entries of one read(first, last) in flight at once
     close_timeout_s: float = 30.0  # waiting for pending adds before a close gives up
     min_racks_per_write_quorum: int = 1  # >1: rack-aware placement

@@ -25,8 +25,10 @@ BASE_KEYS = {"entries_per_s", "mb_per_s", "p50_ms", "p99_ms"}
 TINY = ["--duration", "0.5", "--warmup", "0.2", "--entry-size", "256"]
 
 
-def run_benchmark(tmp_path: Path, *argv: str, timeout_s: float = 60.0) -> dict:
-    """Run one mode in a subprocess; its JSON result."""
+def run_benchmark(
+    tmp_path: Path, *argv: str, timeout_s: float = 60.0, keys: set[str] = BASE_KEYS
+) -> dict:
+    """Run one mode in a subprocess; its JSON result (which must have ``keys``)."""
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "benchmarks", *argv, "--json", str(out)]
     proc = subprocess.run(
@@ -34,8 +36,8 @@ def run_benchmark(tmp_path: Path, *argv: str, timeout_s: float = 60.0) -> dict:
     )
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     result = json.loads(out.read_text())
-    assert set(result) >= BASE_KEYS, set(result)
-    assert result["entries_per_s"] > 0
+    assert set(result) >= keys, set(result)
+    assert keys != BASE_KEYS or result["entries_per_s"] > 0
     return result
 
 
@@ -77,12 +79,18 @@ async def test_the_cpu_probe_samples_while_its_body_runs_and_then_stops():
 
 
 def test_writes_open_loop(tmp_path, cluster):
+    plots = tmp_path / "plots"
     result = run_benchmark(
         tmp_path, "writes", *TINY, "--rate", "200", "--ledgers", "2", "--no-peers",
-        "--metadata", cluster.uri,
+        "--metadata", cluster.uri, "--plots", str(plots),
     )  # fmt: skip
     assert result["rate"] == 200 and result["errors"] == 0
     assert "etcd_puts_per_s" not in result
+    # The phase over time: one row per second of it, as a PNG and its JSON.
+    (second,) = result["timeline"]
+    assert second["t_s"] == 0 and second["ops_per_s"] > 0 and second["p99_ms"] > 0
+    assert (plots / "writes.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((plots / "writes.json").read_text())["timeline"] == result["timeline"]
 
 
 def test_reads(tmp_path, cluster):
@@ -104,6 +112,48 @@ def test_recovery(tmp_path, cluster):
         "--entry-size", "256", "--metadata", cluster.uri,
     )  # fmt: skip
     assert result["errors"] == 0  # every ledger recovered up to its last acknowledged entry
+
+
+def test_scale(tmp_path):
+    result = run_benchmark(
+        tmp_path, "scale", "--duration", "0.5", "--warmup", "0.2", "--entry-size", "256",
+        "--outstanding", "20", "--ledger-counts", "1,3", "--bookie-counts", "3,4",
+        "--engine", "memory", "--dir", str(tmp_path), timeout_s=120, keys={"points", "first"},
+    )  # fmt: skip
+    points = result["points"]
+    assert list(points) == ["b3_l1", "b3_l3", "b4_l1", "b4_l3"] and result["first"] == "b3_l1"
+    for name, point in points.items():
+        assert point["errors"] == 0 and point["entries_per_s"] > 0, name
+        assert point["ledgers"] == int(name.split("_l")[1]) and point["ratio_vs_first"] > 0
+    assert points["b3_l1"]["ratio_vs_first"] == 1.0
+
+
+def test_breakdown(tmp_path):
+    result = run_benchmark(
+        tmp_path, "breakdown", "--duration", "1", "--warmup", "0.2", "--peak-duration", "0.5",
+        "--outstanding", "50", "--entry-size", "256", "--engine", "memory", "--ledgers", "2",
+        "--dir", str(tmp_path), timeout_s=120,
+    )  # fmt: skip
+    assert result["errors"] == 0 and result["peak_entries_per_s"] > 0
+    # Every completed add joined with its bookies' timestamps, whose phases add up to it.
+    assert result["joined"] == result["operations"] > 0
+    phases = result["phases_all_ms"]
+    assert set(phases) == {"driver", "to_bookie", "handle", "journal_queue", "write", "fsync",
+                           "to_loop", "reply", "answer"}  # fmt: skip
+    mean_ms = sum(phases.values())
+    assert mean_ms > 0 and phases["fsync"] > 0 and min(phases.values()) >= 0, phases
+    assert abs(sum(result["phases_slow_share"].values()) - 1) < 1e-6
+    assert {"client_gc_gen2", "journal_rollover", "checkpoint"} <= set(result["stalls"])
+
+
+def test_recovery_of_an_unconfirmed_tail(tmp_path, cluster):
+    result = run_benchmark(
+        tmp_path, "recovery", "--ledgers", "1", "--entries", "50", "--tail-entries", "300",
+        "--entry-size", "256", "--metadata", cluster.uri,
+    )  # fmt: skip
+    assert result["errors"] == 0  # recovered up to the tail's last entry
+    assert result["entries"] >= 300  # the tail carried the prefix's LAC: all read forward
+    assert result["tail_write_p50_ms"] > 0 and result["ratio_vs_tail_write"] > 0
 
 
 def test_log(tmp_path, cluster):

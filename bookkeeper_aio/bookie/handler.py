@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -112,6 +113,7 @@ from .journal import (
 from .ledger_state import LedgerState, LedgerView, pack_proof
 from .long_poll import LongPoll, Peer
 from .records import LEDGER_KEY, entries_record, entry_body, ledger_body, limbo_body
+from .trace import AddTrace, TracedReply
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,7 @@ class RequestHandler:
         # state as a ScrubResponse's counters (``start``: run a pass now).
         self.on_new_ledger: Callable[[int], None] | None = None
         self.scrub_control: Callable[[bool], Sequence[int]] | None = None
+        self.trace: AddTrace | None = None  # benchmarks only: timestamps of every add
         self._inline = Peer()  # the peer of a request handed in without one
         self._dispatch: dict[type, Callable[[Any, Reply, Peer], None]] = {
             AddRequest: self._add,
@@ -313,6 +316,8 @@ class RequestHandler:
 
     def _add(self, req: AddRequest, reply: Reply, peer: Peer) -> None:
         started = self._clock()
+        if self.trace is not None:
+            reply = TracedReply(self.trace, reply, req.ledger_id, req.entry_id, 1)
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
         pdigest = payload_digest(req.payload)
         record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
@@ -327,6 +332,8 @@ class RequestHandler:
             reply(AddResponse(rid, OK if exc is None else StatusCode.IO_ERROR, lid, eid))
             self.add_latency.observe(self._clock() - started)
 
+        if type(reply) is TracedReply:  # before: the journal thread may take it at once
+            reply.queued_now()
         self.journal.append(*entries_record(lid, journaled), durable)
 
     def _add_batch(
@@ -336,9 +343,12 @@ class RequestHandler:
         answer once it is durable. Returns how many entries it carried (0 if refused)."""
         started = self._clock()
         rid, lid = req.request_id, req.ledger_id
+        handled = time.perf_counter() if self.trace is not None else 0.0
         try:
             entries_max = entries_max or self.config.request_entries_max
             entries = check_add_entries(lid, req.entries, entries_max=entries_max)
+            if self.trace is not None and entries:
+                reply = TracedReply(self.trace, reply, lid, entries[0][0], len(entries), handled)
         except ValueError as exc:
             self.counters["add_bad_request"] += 1
             reply(ErrorResponse(rid, StatusCode.BAD_REQUEST, f"AddBatchRequest: {exc}"))
@@ -355,6 +365,8 @@ class RequestHandler:
             reply(AddBatchResponse(rid, _first_failure(final), lid, final))
             self.add_latency.observe(self._clock() - started)
 
+        if type(reply) is TracedReply:  # before: the journal thread may take it at once
+            reply.queued_now()
         if len(journaled) == len(entries):  # the request's bytes are the record's body
             self.journal.append(REC_ENTRIES, (LEDGER_KEY.pack(lid), req.entries), durable)
         else:

@@ -14,7 +14,8 @@ batch cost two wake-ups between the threads, ~70 µs of an idle bookie's one-add
 under load the disk sat idle until a busy loop came round to the next batch.)
 
 Files are preallocated with real zeros ``journal_preallocate_bytes`` ahead of the write position
-(so an fdatasync does not also have to persist a new file size) and roll over past
+(so an fdatasync does not also have to persist a new file size), 1 MiB at a time after a batch's
+sync (a new file starts with one such step, not all of them at once), and roll over past
 ``journal_file_bytes_max``. Every start opens a new file: a file with a torn tail is never
 appended to. A checkpoint keeps up to ``journal_recycle_files`` of the files it retires
 (``recycled-<seq>.log``) and the next new file reuses one: its blocks exist already, so no
@@ -41,7 +42,7 @@ Both wake-ups are ``os.eventfd_write``, which releases the GIL around its syscal
 thread woken finds the GIL free: with ``SimpleQueue.put`` and ``call_soon_threadsafe``
 (until 2026-11-24) the waker still held it, the woken thread often went back to sleep on the
 GIL and needed a second wake-up, and the loop ran a batch's callbacks one loop iteration
-late (docs/performance.md, twelfth round).
+late (docs/performance.md at e27bdd3, twelfth round).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from .journal_format import (
     recycled_name,
     scan,
 )
+from .trace import AddTrace
 
 __all__ = [
     "REC_ENTRIES",
@@ -158,6 +160,11 @@ class Journal:
         self.sync_latency = new_histogram(timed, LATENCY_BOUNDS_S)  # one batch's write + sync
         self.batch_records = new_histogram(timed, COUNT_BOUNDS)
         self.batch_bytes = new_histogram(timed, BYTES_BOUNDS)
+        # Timestamps of each batch (bookie/trace.py), when the bookie traces: batches are
+        # numbered in the order written, which is the order their callbacks run.
+        self.trace: AddTrace | None = None
+        self._traced_written = 0  # the journal thread's count
+        self._traced_durable = 0  # the event loop's count
 
     # --- replay ---------------------------------------------------------------------------
 
@@ -232,6 +239,8 @@ class Journal:
         await asyncio.to_thread(self._thread.join)
         os.close(self._wake_fd)
         os.close(self._records_fd)
+        if self.trace is not None:
+            log.info("add trace written to %s", await asyncio.to_thread(self.trace.write))
 
     @property
     def failed(self) -> BaseException | None:
@@ -332,8 +341,11 @@ class Journal:
         """Write and sync ``batch``; the error if that (or an earlier write) failed."""
         if self._broken is not None:
             return self._broken  # fail-stop: nothing after a failed write is written
+        taken = time.perf_counter() if self.trace is not None else 0.0
+        rolled = False
         try:
             if self._pos >= self.config.journal_file_bytes_max:
+                rolled = True
                 self._roll_over()
             seq = self._seq
             pieces: list[bytes] = []
@@ -344,13 +356,16 @@ class Journal:
                 pieces += body
                 size += len(head) + body_size
             started = time.perf_counter()
-            self._write_sync(pieces, self._pos, size)
-            self.sync_latency.observe(time.perf_counter() - started)
+            times = self._write_sync(pieces, self._pos, size)
         except BaseException as exc:  # any failure of the disk or the code: stop writing
             self._broken = exc
             return exc
+        self.sync_latency.observe(times[1] - started)
         self.batch_records.observe(len(batch))
         self.batch_bytes.observe(size)
+        if self.trace is not None:
+            self.trace.batch(self._traced_written, taken, *times, len(batch), size, rolled)
+            self._traced_written += 1
         self._pos += size
         self._mark = (seq, self._pos)
         self._stats["batches"] += 1
@@ -379,6 +394,9 @@ class Journal:
         """``batch`` was written and synced (``exc`` None) or failed: tell its callbacks."""
         overhead = RECORD_HEADER.size + 1
         self._queued_bytes -= sum(item[2] for item in batch) + len(batch) * overhead
+        if self.trace is not None and exc is None:
+            self.trace.batch_callbacks(self._traced_durable)
+            self._traced_durable += 1
         if self._pressure and self._queued_bytes < self.config.journal_queue_bytes_max // 2:
             self._set_pressure(False)
         error = None
@@ -398,18 +416,22 @@ class Journal:
 
     # --- file operations (the journal's thread) -------------------------------------------
 
-    def _write_sync(self, pieces: list[bytes], pos: int, size: int) -> None:
+    def _write_sync(self, pieces: list[bytes], pos: int, size: int) -> tuple[float, float]:
+        """Write ``pieces`` at ``pos`` and fdatasync; when the write and the sync returned."""
         end = pos + size
         while end + RECORD_HEADER.size > self._allocated:
             self._preallocate(_ZERO_STEP_BYTES)
         assert self._file is not None
         self._file.append(pieces, pos)
+        written = time.perf_counter()
         os.fdatasync(self._fd)
+        synced = time.perf_counter()
         self._stats["fsyncs"] += 1
         if self._allocated - end < self.config.journal_preallocate_bytes:
             # Keep the zeros ahead one step (1 MiB) at a time, synced with the next batch: a
             # whole journal_preallocate_bytes at once made one batch's fdatasync ~8 ms.
             self._preallocate(_ZERO_STEP_BYTES)
+        return written, synced
 
     def _preallocate(self, size: int | None = None) -> None:
         """Zero-fill the next ``size`` bytes (default ``journal_preallocate_bytes``; real
@@ -451,7 +473,11 @@ class Journal:
         self._pos, self._allocated = len(header), allocated
         self._mark = (seq, self._pos)
         if self._allocated - self._pos < self.config.journal_preallocate_bytes:
-            self._preallocate()
+            # One step only: the batches that follow add the rest a step at a time. All of
+            # journal_preallocate_bytes here made a rollover to a new file one stall of the
+            # whole 16 MiB written and synced in the batch's path (~40-80 ms on this disk;
+            # under load a fresh file every ~2.5 s: docs/performance.md).
+            self._preallocate(_ZERO_STEP_BYTES)
         os.fsync(fd)
         fsync_dir(self.directory)
 
@@ -476,11 +502,14 @@ class Journal:
             OSError: the engine sync or the checkpoint file write failed.
         """
         async with self._checkpoint_lock:
+            started = time.perf_counter()
             # Everything before (seq, pos) was applied to the engine before it was appended.
             mark_seq, mark_pos = self._mark
             await asyncio.to_thread(sync_engine)
             await asyncio.to_thread(self._write_checkpoint, mark_seq, mark_pos)
             self._stats["checkpoints"] += 1
+            if self.trace is not None:
+                self.trace.checkpoint(started)
 
     def _write_checkpoint(self, seq: int, offset: int) -> None:
         tmp = self.directory / (CHECKPOINT_FILE + ".tmp")

@@ -46,10 +46,12 @@ from .disk import next_read_only
 from .gc import GarbageCollector
 from .handler import RequestHandler
 from .integrity import BOOKIE_BUGS, DataIntegrity
+from .journal import Journal
 from .ledger_dirs import LedgerDirs
 from .ledger_records import LedgerRecords
 from .scrubber import Scrubber
 from .storage import BookieJournal, BookieStorage, DiskStorage
+from .trace import AddTrace
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +157,9 @@ class Bookie:
         if self.metadata is not None and cfg.ledger_records:
             self.records = LedgerRecords(cfg.bookie_id, self._handler, self.metadata)
             self._handler.on_new_ledger = self.records.learned  # before serving: none missed
+        if cfg.trace_dir and isinstance(journal, Journal):  # benchmarks only (bookie/trace.py)
+            trace = AddTrace(cfg.trace_dir, cfg.bookie_id, cfg.trace_records_max)
+            self._handler.trace = journal.trace = trace
         await journal.checkpoint(self._engine.sync)
         await self._check_disks()
         await self._preboot(cookies)

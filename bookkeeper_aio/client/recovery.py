@@ -11,13 +11,15 @@ Theory of operation
    flag, each entry from its write set in the ensemble as it was when recovery started, and
    decide each by :func:`~bookkeeper_aio.quorum.recovery_read_decision`: a good copy → write it
    back to its write set with the recovery flag; QC explicit negatives → the ledger ends just
-   before; undecided → fail (retry later), never truncate. Entries are read
-   ``recovery_reads_parallel_max`` at a time and each window's entries are written back
-   together, as BookKeeper's ``LedgerRecoveryOp`` keeps several in flight: a write-back is done
-   once AQ bookies acknowledged it (it does not wait for the rest of its write set), so a hung
-   bookie costs a window one request timeout, not every entry one. A bookie that failed is
-   replaced in a *local* ensemble from the lowest entry not yet at AQ, and every entry from
-   there that counted on it is written again.
+   before; undecided → fail (retry later), never truncate. Reads and write-back are a
+   pipeline, as BookKeeper's ``LedgerRecoveryOp`` keeps several in flight: up to two windows
+   of ``recovery_reads_parallel_max`` entries are being read and decided (callbacks, in entry
+   order) while the window before them is written back, one recovery ``AddBatchRequest`` per
+   bookie; so at most three windows of entries are held, whatever the tail's length. A
+   write-back is done once AQ bookies acknowledged it (it does not wait for the rest of its
+   write set), so a hung bookie costs a window one request timeout, not every entry one. A
+   bookie that failed is replaced in a *local* ensemble from the lowest entry not yet at AQ,
+   and every entry from there that counted on it is written again.
 4. **Close**: CAS IN_RECOVERY → CLOSED at the last recovered entry, committing local ensemble
    changes with it — only those: the segments before the first of them are the metadata's at
    the close (an autorecovery may have replaced a lost bookie there meanwhile). Concurrent
@@ -35,17 +37,19 @@ import logging
 from functools import partial
 from typing import Any
 
-from ..digest import master_key
+from ..digest import master_key, payload_digest
 from ..errors import LedgerRecoveryError, MetadataVersionError, NotEnoughBookiesError, StatusCode
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..metadata.store import update_ledger
 from ..protocol import (
     ADD_FLAG_RECOVERY,
     READ_FLAG_FENCE,
-    AddRequest,
+    AddBatchRequest,
+    AddBatchResponse,
     AddResponse,
     ReadLacRequest,
     ReadRequest,
+    pack_add_entries,
 )
 from ..quorum import ReadDecision, is_covered, recovery_read_decision, recovery_start, write_set
 from .context import ClientContext
@@ -134,59 +138,128 @@ async def _fence(ctx: ClientContext, md: LedgerMetadata, key: bytes) -> int:
 async def _read_forward(
     ctx: ClientContext, md: LedgerMetadata, key: bytes, last: int, ensembles: dict
 ) -> int:
-    """Recover entries after ``last`` in windows; return the ledger's last entry id."""
+    """Recover entries after ``last``; return the ledger's last entry id.
+
+    A pipeline of two stages (module docstring): :class:`_ReadAhead` keeps up to two windows
+    of entries being read and decided, and each window of decided entries is written back
+    while the reads of the next one go on. At most one window is being written back, so at
+    most three windows of entries are held at once, whatever the tail's length.
+    """
     window = ctx.config.recovery_reads_parallel_max
-    while True:
-        ids = range(last + 1, last + 1 + window)
-        decisions = await asyncio.gather(*(_read_for_recovery(ctx, md, key, e) for e in ids))
-        recovered: list[Any] = []
-        for entry_id, (decision, response) in zip(ids, decisions, strict=True):
-            if decision is ReadDecision.NOT_RECOVERABLE:
+    reads = _ReadAhead(ctx, md, key, last + 1, 2 * window)
+    writing: asyncio.Future[None] | None = None
+    try:
+        while True:
+            batch, at_end = await reads.take(window)
+            if writing is not None:
+                await writing  # its failure (LedgerRecoveryError) ends the recovery
+                writing = None
+            if batch:
+                # Written back one window after the other: a window's local ensemble change
+                # (a failed bookie replaced) is in place before the next window is sent.
+                writing = asyncio.ensure_future(_write_back(ctx, md, key, batch, ensembles))
+                last = batch[-1].entry_id
+            if at_end:
                 break
+        if writing is not None:
+            await writing
+            writing = None
+        return last
+    finally:
+        reads.close()
+        if writing is not None:
+            writing.cancel()
+
+
+class _ReadAhead:
+    """Fencing reads of the entries from ``first`` on, each from its whole write set (the
+    ensemble as recovery started), with at most ``ahead`` entries issued and not yet taken;
+    every entry decided by :func:`~bookkeeper_aio.quorum.recovery_read_decision` as its
+    answers arrive (callbacks, no task per request). Nothing past an entry that decided
+    anything but RECOVERABLE is issued."""
+
+    def __init__(self, ctx: ClientContext, md: LedgerMetadata, key: bytes, first: int,
+                 ahead: int) -> None:  # fmt: skip
+        self.ctx, self.md, self.ahead = ctx, md, ahead
+        flags = 0 if ctx.has_bug("recovery-reads-without-fence") else READ_FLAG_FENCE
+        self._fields = (flags, key, -1, 0)
+        self._unknown_as_negative = ctx.has_bug("unknown-as-negative")
+        self._decided: dict[int, tuple[ReadDecision, Any]] = {}
+        self._next = first  # the next entry to issue
+        self._taken = first  # the next entry to hand out
+        self._stopped = False  # an entry decided other than RECOVERABLE: issue nothing more
+        self._closed = False
+        self._wake: asyncio.Future[None] | None = None
+        self._fill()
+
+    async def take(self, count: int) -> tuple[list[Any], bool]:
+        """The next ``count`` recoverable entries' responses, in order, and whether the
+        ledger's end came first (fewer then).
+
+        Raises:
+            LedgerRecoveryError: an entry could not be decided.
+        """
+        batch: list[Any] = []
+        while len(batch) < count:
+            got = self._decided.pop(self._taken, None)
+            if got is None:
+                self._wake = asyncio.get_running_loop().create_future()
+                await self._wake
+                continue
+            decision, response = got
+            if decision is ReadDecision.NOT_RECOVERABLE:
+                return batch, True
             if decision is not ReadDecision.RECOVERABLE:
                 raise LedgerRecoveryError(
-                    f"ledger {md.ledger_id}: cannot decide entry {entry_id} "
+                    f"ledger {self.md.ledger_id}: cannot decide entry {self._taken} "
                     "(replicas unreachable or in limbo); retry later"
                 )
-            recovered.append(response)
-        if recovered:
-            await _write_back(ctx, md, key, recovered, ensembles)
-            last = recovered[-1].entry_id
-        if len(recovered) < window:
-            return last
+            batch.append(response)
+            self._taken += 1
+            self._fill()
+        return batch, False
 
+    def close(self) -> None:
+        """Ignore every answer still to come (their requests end by themselves)."""
+        self._closed = True
 
-async def _read_for_recovery(
-    ctx: ClientContext, md: LedgerMetadata, key: bytes, entry_id: int
-) -> tuple[ReadDecision, Any]:
-    """Ask the entry's whole write set (fencing reads); decide as answers arrive."""
-    ensemble = md.ensemble_at(entry_id)
-    flags = 0 if ctx.has_bug("recovery-reads-without-fence") else READ_FLAG_FENCE
-    fields = (md.ledger_id, entry_id, flags, key, -1, 0)
-    members = write_set(entry_id, md.ensemble_size, md.write_quorum)
-    pending = {
-        asyncio.ensure_future(request(ctx, ensemble[i], ReadRequest, *fields)) for i in members
-    }
-    statuses: list[int | None] = []
-    unknown_as_negative = ctx.has_bug("unknown-as-negative")
-    try:
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                result = task.result()
-                good = entry_ok(md.ledger_id, result)
-                status = getattr(result, "status", None)
-                statuses.append(StatusCode.OK if good else (None if status == 0 else status))
-                decision = recovery_read_decision(
-                    statuses, md.write_quorum, md.ack_quorum,
-                    unknown_as_negative=unknown_as_negative,
-                )  # fmt: skip
-                if decision is not ReadDecision.PENDING:
-                    return decision, result if good else None
-    finally:
-        for task in pending:
-            task.cancel()
-    return ReadDecision.UNDECIDED, None
+    def _fill(self) -> None:
+        while not self._stopped and self._next < self._taken + self.ahead:
+            self._issue(self._next)
+            self._next += 1
+
+    def _issue(self, entry_id: int) -> None:
+        md = self.md
+        ensemble = md.ensemble_at(entry_id)
+        members = write_set(entry_id, md.ensemble_size, md.write_quorum)
+        statuses: list[int | None] = []
+
+        def answered(result: Any) -> None:
+            if self._closed or len(statuses) >= len(members):
+                return  # closed, or decided before this answer
+            good = entry_ok(md.ledger_id, result)
+            status = getattr(result, "status", None)
+            statuses.append(StatusCode.OK if good else (None if status == 0 else status))
+            decision = recovery_read_decision(
+                statuses, md.write_quorum, md.ack_quorum,
+                unknown_as_negative=self._unknown_as_negative,
+            )  # fmt: skip
+            if decision is ReadDecision.PENDING and len(statuses) == len(members):
+                decision = ReadDecision.UNDECIDED
+            if decision is not ReadDecision.PENDING:
+                statuses.extend([None] * (len(members) - len(statuses)))  # decided: no more
+                self._decide(entry_id, decision, result if good else None)
+
+        fields = (md.ledger_id, entry_id, *self._fields)
+        for index in members:
+            self.ctx.pool.send(ensemble[index], ReadRequest, *fields, callback=answered)
+
+    def _decide(self, entry_id: int, decision: ReadDecision, response: Any) -> None:
+        self._decided[entry_id] = (decision, response)
+        if decision is not ReadDecision.RECOVERABLE:
+            self._stopped = True
+        if entry_id == self._taken and self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
 
 async def _write_back(
@@ -257,23 +330,57 @@ async def _write_round(
             if not unanswered:
                 done.set_result(None)
 
-    sends = []
+    groups: dict[tuple[str, int], list[Any]] = {}  # (bookie, index) -> entries for it
     for entry in entries:
         if len(acked[entry.entry_id]) >= md.ack_quorum:
             continue
         ensemble = ensembles[_segment(ctx, ensembles, entry.entry_id)]
-        fields = (md.ledger_id, entry.entry_id, ADD_FLAG_RECOVERY, key, entry.entry_lac,
-                  entry.payload, entry.digest)  # fmt: skip
         members = write_set(entry.entry_id, md.ensemble_size, md.write_quorum)
         targets = [i for i in members if i not in acked[entry.entry_id]]
         unanswered[entry.entry_id] = len(targets)
-        sends += ((ensemble[i], fields, partial(answered, entry.entry_id, i)) for i in targets)
+        for i in targets:
+            groups.setdefault((ensemble[i], i), []).append(entry)
     if not unanswered:
         return failed
-    for bookie, fields, callback in sends:  # after counting them all: answers may be at once
-        ctx.pool.send(bookie, AddRequest, *fields, callback=callback)
+
+    def batch_answered(ids: list[int], index: int, result: Any) -> None:
+        statuses = getattr(result, "statuses", None)
+        if type(result) is AddBatchResponse and len(statuses) == len(ids):
+            for entry_id, status in zip(ids, statuses, strict=True):
+                answered(entry_id, index, AddResponse(0, status, md.ledger_id, entry_id))
+        else:  # refused as a whole, an error, a lost connection: none of them stored
+            for entry_id in ids:
+                answered(entry_id, index, result)
+
+    # One batch request per bookie (and per bound on a batch's entries and bytes), as the
+    # writer sends them: per entry and bookie, a request of its own cost a frame, a journal
+    # record and an answer. Sent after counting them all: answers may come at once.
+    config = ctx.config
+    for (bookie, index), group in groups.items():
+        for chunk in _chunks(group, config.add_batch_entries_max, config.add_batch_bytes_max):
+            packed = pack_add_entries(
+                (e.entry_id, e.entry_lac, payload_digest(e.payload), e.digest, e.payload)
+                for e in chunk
+            )
+            callback = partial(batch_answered, [e.entry_id for e in chunk], index)
+            ctx.pool.send(bookie, AddBatchRequest, md.ledger_id, ADD_FLAG_RECOVERY, key,
+                          packed, callback=callback)  # fmt: skip
     await done
     return failed
+
+
+def _chunks(entries: list[Any], count_max: int, bytes_max: int) -> list[list[Any]]:
+    """``entries`` cut into runs of at most ``count_max`` entries and ``bytes_max`` payload
+    bytes (an entry larger than that alone in its run)."""
+    chunks: list[list[Any]] = []
+    size = 0
+    for entry in entries:
+        if not chunks or len(chunks[-1]) >= count_max or size + len(entry.payload) > bytes_max:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += len(entry.payload)
+    return chunks
 
 
 async def _replace_locally(
