@@ -45,6 +45,8 @@ from bookkeeper_aio.protocol import (
     SharedFrame,
     WriteLacRequest,
     WriteLacResponse,
+    WriteLafrRequest,
+    WriteLafrResponse,
     as_part,
     check_add_entries,
     decode_all,
@@ -79,8 +81,10 @@ MESSAGES = st.one_of(
     st.builds(
         ReadResponse, i64, i64, i64, i64, st.none() | i64, st.none() | blob, st.none() | u64, proofs
     ),
-    st.builds(ReadLacResponse, i64, i64, i64, proofs, i64),
+    st.builds(ReadLacResponse, i64, i64, i64, proofs, i64, i64),
     st.builds(WriteLacResponse, i64, i64, i64),
+    st.builds(WriteLafrRequest, i64, ids, blob, i64),
+    st.builds(WriteLafrResponse, i64, i64, i64),
     st.builds(ListEntriesResponse, i64, i64, i64, ranges, i64),
     st.builds(BookieInfoResponse, i64, i64, i64, i64, st.booleans(), text),
     st.builds(ErrorResponse, i64, i64, text),

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 from ..config import ClientConfig, MetadataConfig
 from ..digest import master_key
-from ..errors import UnauthorizedError
+from ..errors import IncorrectParameterError, UnauthorizedError
 from ..logs.api import LogInfo, LogReader, LogRecord, Logs, LogWriter
 from ..logs.options import LogOptions, check_name
 from ..metadata.model import LedgerMetadata, password_hash, validate_quorums
@@ -89,14 +89,23 @@ class BookKeeper:
         ack_quorum: int = 2,
         password: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
+        guaranteed_write_quorum: bool = False,
     ) -> LedgerWriter:
         """Create a ledger and open it for writing.
 
+        With ``guaranteed_write_quorum`` (kept in the ledger's metadata) every entry of the
+        closed ledger, and every entry outside the last segment while it is open, has
+        ``write_quorum`` copies; adds are still acknowledged at ``ack_quorum``, but stay in
+        the writer's memory until they reach WQ, and :meth:`LedgerWriter.close` waits for
+        that (docs/protocol.md, "Guaranteed write quorum").
+
         Raises:
-            IncorrectParameterError: not E >= WQ >= AQ >= 1.
+            IncorrectParameterError: not E >= WQ >= AQ >= 1, or a non-bool option.
             NotEnoughBookiesError: fewer than E writable bookies are registered.
         """
         validate_quorums(ensemble_size, write_quorum, ack_quorum)
+        if type(guaranteed_write_quorum) is not bool:
+            raise IncorrectParameterError("guaranteed_write_quorum must be True or False")
         bookies = (await self.ctx.metadata.list_bookies()).values()
         ensemble = self.ctx.placement.new_ensemble(
             ensemble_size, write_quorum, bookies, self.ctx.rng
@@ -110,6 +119,7 @@ class BookKeeper:
                 password_hash=password_hash(password), ctime_ms=ctime_ms,
                 custom_metadata=dict(custom_metadata or {}), creator_token=token,
                 master_key=master_key(password).hex(),
+                guaranteed_write_quorum=guaranteed_write_quorum,
             )  # fmt: skip
 
         versioned = await self.ctx.metadata.create_ledger(make)

@@ -134,6 +134,9 @@ class LedgerMetadata:
     # The master key (hex) so that autorecovery can fence and recovery-add copies without the
     # password, as BookKeeper keeps the password in its metadata; "" for older ledgers.
     master_key: str = ""
+    # Seed 001: every entry of a closed ledger, and every entry outside the last segment of
+    # an open one, has WQ copies (docs/protocol.md, "Guaranteed write quorum").
+    guaranteed_write_quorum: bool = False
 
     def __post_init__(self) -> None:
         if type(self.ledger_id) is not int or not 0 <= self.ledger_id <= MAX_LEDGER_ID:
@@ -146,6 +149,8 @@ class LedgerMetadata:
                 f"last_entry_id {self.last_entry_id} / length {self.length} out of range"
             )
         self._check_segments()
+        if type(self.guaranteed_write_quorum) is not bool:
+            raise IncorrectParameterError("guaranteed_write_quorum must be a bool")
         for key, value in self.custom_metadata.items():
             if not isinstance(key, str) or not isinstance(value, bytes):
                 raise IncorrectParameterError("custom metadata maps str keys to bytes values")
