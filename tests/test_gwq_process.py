@@ -21,6 +21,7 @@ from functools import partial
 import pytest
 
 from bookkeeper_aio import BookKeeper, BookKeeperError, ClientConfig
+from bookkeeper_aio.errors import NotEnoughBookiesError, WriteQuorumTimeoutError
 from bookkeeper_aio.sandbox import Cluster
 
 pytestmark = pytest.mark.process
@@ -125,3 +126,29 @@ async def test_without_the_option_the_same_steps_lose_acknowledged_entries(clust
     # re-sent: entries acknowledged at AQ before the new segment, an unbroken run.
     assert all(isinstance(got[e], BookKeeperError) for e in lost)
     assert lost == list(range(lost[0], lost[-1] + 1))
+
+
+async def test_a_gwq_close_that_cannot_reach_wq_fails_and_leaves_the_ledger_to_recovery(cluster):
+    """E4/WQ4/AQ3 on 4 bookies: one frozen, none to replace it. Adds are still acknowledged
+    (AQ), but the writer cannot get them to WQ: close raises and the ledger stays OPEN; once
+    the bookie thaws, a recovery closes it with every acknowledged entry."""
+    async with BookKeeper.connect(cluster.uri, CONFIG) as bk:
+        w = await bk.create_ledger(4, 4, 3, password=b"pw", guaranteed_write_quorum=True)
+        for i in range(20):
+            await w.append(b"before-%d" % i)
+        frozen = cluster.bookies[0]
+        frozen.signal(signal.SIGSTOP)
+        try:
+            acked = [await w.append(b"during-%d" % i) for i in range(20)]
+            with pytest.raises((NotEnoughBookiesError, WriteQuorumTimeoutError)):
+                await w.close()
+            md = (await bk.ctx.metadata.read_ledger(w.ledger_id)).value
+            assert not md.is_closed  # closing is the recovery's job now
+        finally:
+            frozen.signal(signal.SIGCONT)
+        reader = await bk.open_ledger(w.ledger_id, password=b"pw", recovery=True)
+        assert reader.is_closed and reader.last_add_confirmed >= max(acked)
+        got = await reader.read(0, max(acked))
+        assert [e.payload for e in got] == [b"before-%d" % i for i in range(20)] + [
+            b"during-%d" % i for i in range(20)
+        ]

@@ -329,8 +329,8 @@ class LedgerWriter:
                     await self._room.wait()  # set by every completion and failure
         except TimeoutError:
             pass  # what is still pending fails below
-        if strict and not pipe.drained:
-            await self._give_up_close()
+        if self._unclosable is not None or (strict and not pipe.drained):
+            await self._give_up_close()  # (a failure emptied the queue: _unclosable says so)
         self._lac_task.cancel()
         if self._change_task is not None:
             await asyncio.gather(self._change_task, return_exceptions=True)
@@ -343,7 +343,7 @@ class LedgerWriter:
     async def _give_up_close(self) -> None:
         """Guaranteed write quorum: entries are still below WQ; the ledger stays OPEN."""
         pipe = self._pipe
-        exc = self._failed or WriteQuorumTimeoutError(
+        exc = self._unclosable or self._failed or WriteQuorumTimeoutError(
             f"ledger {self.ledger_id}: entries {pipe.last_add_fully_replicated + 1}.."
             f"{pipe.last_add_pushed} did not reach the write quorum within "
             f"{self.ctx.config.close_timeout_s} s; the ledger stays open for recovery"
