@@ -276,6 +276,8 @@ class LedgerMetadata:
             k: base64.b64encode(v).decode() for k, v in sorted(self.custom_metadata.items())
         }
         doc["format_version"] = FORMAT_VERSION
+        if not self.guaranteed_write_quorum:  # the default: the bytes of older ledgers
+            del doc["guaranteed_write_quorum"]
         return json.dumps(doc, sort_keys=True).encode()
 
     @classmethod
