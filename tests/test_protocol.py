@@ -153,8 +153,8 @@ def test_parts_that_are_not_adds_are_bad_frames_not_messages():
     assert type(multi_add_results(decode_all(encode(answers))[0])[0]) is BadFrame
 
 
-@settings(max_examples=60)
-@given(st.lists(MESSAGES, min_size=1, max_size=6))
+@settings(max_examples=60, deadline=None)  # quadratic in the stream: no timed assert (it
+@given(st.lists(MESSAGES, min_size=1, max_size=6))  # took 256 ms once on a loaded 2-CPU VM)
 def test_a_stream_cut_at_every_split_point_decodes_the_same(messages):
     stream = b"".join(encode(m) for m in messages)
     for cut in range(len(stream) + 1):
