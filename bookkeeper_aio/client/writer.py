@@ -343,10 +343,14 @@ class LedgerWriter:
     async def _give_up_close(self) -> None:
         """Guaranteed write quorum: entries are still below WQ; the ledger stays OPEN."""
         pipe = self._pipe
-        exc = self._unclosable or self._failed or WriteQuorumTimeoutError(
-            f"ledger {self.ledger_id}: entries {pipe.last_add_fully_replicated + 1}.."
-            f"{pipe.last_add_pushed} did not reach the write quorum within "
-            f"{self.ctx.config.close_timeout_s} s; the ledger stays open for recovery"
+        exc = (
+            self._unclosable
+            or self._failed
+            or WriteQuorumTimeoutError(
+                f"ledger {self.ledger_id}: entries {pipe.last_add_fully_replicated + 1}.."
+                f"{pipe.last_add_pushed} did not reach the write quorum within "
+                f"{self.ctx.config.close_timeout_s} s; the ledger stays open for recovery"
+            )
         )
         self._fail(exc)
         self._unclosable = exc
