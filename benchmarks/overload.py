@@ -86,7 +86,8 @@ async def run_overload(args: argparse.Namespace, *, quiet: bool = False) -> dict
                     await asyncio.sleep(SAMPLE_S)
                     client_peak = max(client_peak, rss_bytes())
                     bookie_peak = max(bookie_peak, *(rss_bytes(p) for p in pids))
-                    pending_peak = max(pending_peak, sum(w._pending_bytes for w in writers))
+                    pending = sum(w.statistics()["pending_bytes"] for w in writers)
+                    pending_peak = max(pending_peak, pending)
                 await asyncio.gather(*tasks)
             finally:
                 for t in tasks:

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import bookie, floor, journal, logs, ops, overload, reads, recovery, tail, writes
+from . import bookie, floor, gwq, journal, logs, ops, overload, reads, recovery, tail, writes
 from .cluster import local_cluster
 from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
@@ -62,6 +62,10 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
         results["journal"] = await journal.run_journal(mode_args(journal, common), quiet=True)
         async with local_cluster(scratch / "cluster", 3) as cluster:
             results.update(await _client_benchmarks(cluster.uri, common))
+            argv = [*common, "--outstanding", "1000", "--guaranteed-write-quorum"]
+            results["gwq"] = await gwq.measure_gwq(
+                cluster.uri, cluster.bookies, mode_args(writes, argv)
+            )
         # A fresh cluster: the phases above leave RocksDB compactions behind them.
         async with local_cluster(scratch / "many", 3) as cluster:
             argv = [*common, "--outstanding", "1000", "--ledgers", str(MANY_LEDGERS)]
@@ -138,6 +142,13 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
     note = _with_cpu("fresh cluster", r)
     rows.append(_row(f"writes, 1000 outstanding, {r['ledgers']} ledgers", r, note))
     rows += ops.rows(results["ops"])
+    for condition, label in (("healthy", "bookies healthy"), ("slow", "1 slow bookie")):
+        r, normal = results["gwq"][f"gwq_{condition}"], results["gwq"][f"normal_{condition}"]
+        x = results["gwq"][f"ratio_{condition}"]
+        note = (f"x{x['entries_per_s'] or 0:.2f} normal rate, x{x['p99_ms'] or 0:.2f} p99; "
+                f"pending {r['pending_mib_max']:.1f} MiB (normal "
+                f"{normal['pending_mib_max']:.1f})")  # fmt: skip
+        rows.append(_row(f"writes GWQ, 1000 outstanding, {label}", r, note))
     r = results["tail"]
     rows.append(_row("tail: append -> tail read", r, f"rate {r['rate']:g}/s"))
     rows.append(_row("reads: 100/call, 1 call", results["reads_batch100"], "latency per call"))

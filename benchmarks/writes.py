@@ -3,6 +3,7 @@
     python -m benchmarks writes --duration 10 --outstanding 1000 --entry-size 1024 \\
         --ensemble 3 --write-quorum 3 --ack-quorum 2 --ledgers 1 --json out.json
     python -m benchmarks writes --rate 5000 ...        # open loop at 5000 entries/s
+    python -m benchmarks writes --guaranteed-write-quorum ...  # GWQ vs normal (gwq.py)
 
 Opens ``--ledgers`` ledgers through the public client (``BookKeeper.create_ledger``) and adds
 ``--entry-size`` byte entries round-robin over them with ``append_callback``: a closed loop with
@@ -59,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=True,
         help="gc.freeze() after the setup, as a latency-sensitive application does after its "
         "start: full collections then skip the objects the setup made (default: on)",
+    )
+    p.add_argument(
+        "--guaranteed-write-quorum",
+        action="store_true",
+        help="compare guaranteed-write-quorum ledgers with normal ones in the same run, all "
+        "bookies healthy and one slow (benchmarks/gwq.py)",
     )
     p.add_argument(
         "--peer-duration",
@@ -141,6 +148,10 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
 
 async def run_writes(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
     """The ``writes`` mode: measure, then the peers; print a table; write the JSON."""
+    if args.guaranteed_write_quorum:
+        from .gwq import run_gwq  # (gwq imports this module's helpers' neighbours)
+
+        return await run_gwq(args, quiet=quiet)
     async with mode_target(args) as tgt:
         result = await measure_writes(tgt.uri, args)
         if args.peers:

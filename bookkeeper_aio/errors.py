@@ -258,6 +258,12 @@ class LedgerClosedError(BookKeeperError):
     code = -11
 
 
+class WriteQuorumTimeoutError(OperationTimeoutError):
+    """Guaranteed write quorum: entries could not reach the write quorum (within
+    ``close_timeout_s``, or a pinned bookie kept failing). The writer stops and the ledger
+    stays OPEN: a recovery closes it once enough bookies are back (docs/protocol.md)."""
+
+
 class NotEnoughBookiesError(BookKeeperError):
     """Too few writable bookies satisfy the ensemble and placement constraints."""
 

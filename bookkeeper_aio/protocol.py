@@ -40,7 +40,10 @@ from .bounded_msgpack import (
 from .digest import ENTRY_RECORD_HEADER, HEADER, LacProof
 from .errors import FrameTooLargeError, ProtocolError
 
-PROTOCOL_VERSION = 3  # 2: AddBatchRequest carries packed stored records; 3: MultiAddRequest
+# 2: AddBatchRequest carries packed stored records; 3: MultiAddRequest; 4: ScrubRequest and
+# LedgerRecordsRequest (operator requests), WriteLafrRequest and
+# ReadLacResponse.last_add_fully_replicated (guaranteed write quorum)
+PROTOCOL_VERSION = 4
 FRAME_HEADER = struct.Struct(">I")
 RESPONSE_BIT = 0x80
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -184,6 +187,18 @@ class LedgerRecordsRequest(NamedTuple):
     max_count: int
 
 
+class WriteLafrRequest(NamedTuple):
+    """Guaranteed write quorum: the writer's LAFR (last add fully replicated: it and every
+    earlier entry have WQ copies), sent now and then. A hint that lets a recovery start
+    reading there instead of at the first entry of the last segment; kept in memory only."""
+
+    OP = 12
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+    lafr: int
+
+
 MULTI_ADD_PART_OPS = frozenset({AddRequest.OP, AddBatchRequest.OP})
 
 
@@ -320,10 +335,18 @@ class ReadLacResponse(NamedTuple):
     ledger_id: int
     lac_proof: LacProof | None
     last_entry_id: int  # -1 if the bookie holds no entry of the ledger
+    last_add_fully_replicated: int = -1  # the highest LAFR a writer sent (-1: none)
 
 
 class WriteLacResponse(NamedTuple):
     OP = WriteLacRequest.OP | RESPONSE_BIT
+    request_id: int
+    status: int
+    ledger_id: int
+
+
+class WriteLafrResponse(NamedTuple):
+    OP = WriteLafrRequest.OP | RESPONSE_BIT
     request_id: int
     status: int
     ledger_id: int
@@ -394,6 +417,7 @@ Request = (
     | ReadRequest
     | ReadLacRequest
     | WriteLacRequest
+    | WriteLafrRequest
     | ListEntriesRequest
     | BookieInfoRequest
     | AddBatchRequest
@@ -407,6 +431,7 @@ Response = (
     | ReadResponse
     | ReadLacResponse
     | WriteLacResponse
+    | WriteLafrResponse
     | ListEntriesResponse
     | BookieInfoResponse
     | AddBatchResponse
@@ -441,6 +466,7 @@ _SPECS: dict[type, str] = {
     ReadRequest: "inniBii",
     ReadLacRequest: "iniB",
     WriteLacRequest: "inbiu",
+    WriteLafrRequest: "inbi",
     ListEntriesRequest: "inii",
     BookieInfoRequest: "i",
     AddBatchRequest: "inibb",
@@ -450,8 +476,9 @@ _SPECS: dict[type, str] = {
     HelloResponse: "iiis",
     AddResponse: "iiii",
     ReadResponse: "iiiiIBUp",
-    ReadLacResponse: "iiipi",
+    ReadLacResponse: "iiipii",
     WriteLacResponse: "iii",
+    WriteLafrResponse: "iii",
     ListEntriesResponse: "iiiri",
     BookieInfoResponse: "iiiits",
     ErrorResponse: "iis",

@@ -51,6 +51,7 @@ from .recovery_rules import (
     RecoveryReadRule,
     classify,
     fenced_lac,
+    gwq_recovery_start,
     recovery_read_decision,
     recovery_start,
 )
@@ -278,6 +279,7 @@ __all__ = [
     "check_quorums",
     "classify",
     "fenced_lac",
+    "gwq_recovery_start",
     "is_covered",
     "recovery_read_decision",
     "recovery_start",

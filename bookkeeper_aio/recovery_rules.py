@@ -206,6 +206,19 @@ def recovery_start(
     return max(max_lac, last_segment_first_entry_id - 1)
 
 
+def gwq_recovery_start(max_lac: int, max_lafr: int, last_segment_first_entry_id: int) -> int:
+    """Guaranteed write quorum: the last entry known to have WQ copies; recovery reads (and
+    writes back to WQ) from the entry after it.
+
+    Entries before the last segment have WQ copies (an ensemble change starts its segment at
+    the first entry below WQ), and so do those up to the LAFR the fenced bookies report. The
+    LAFR carries no proof, so it counts only up to the proven LAC: a wrong one can at worst
+    make this the plain recovery's start, never skip an entry past the LAC.
+    """
+    assert max_lac >= -1 and max_lafr >= -1 and last_segment_first_entry_id >= 0
+    return max(min(max_lafr, max_lac), last_segment_first_entry_id - 1)
+
+
 def fenced_lac(proofs: Iterable[LacProof | None], ledger_id: int) -> int:
     """The highest LAC among the proofs whose digest verifies for ``ledger_id`` (-1 if none).
 

@@ -266,3 +266,20 @@ def test_ops_costs_of_metrics_and_tls(tmp_path):
         assert r["bookie_cpu_us_per_entry"] > 0
     assert result["metrics"]["ratio_vs_plain"] > 0 and result["tls"]["cpu_ratio_vs_plain"] > 0
     assert result["scrapes"] >= 1
+
+
+def test_writes_guaranteed_write_quorum_compares_both_modes_healthy_and_slow(tmp_path):
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "benchmarks", "writes", "--guaranteed-write-quorum", *TINY,
+           "--outstanding", "64", "--engine", "memory", "--no-peers", "--dir", str(tmp_path),
+           "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-3000:]}"
+    result = json.loads(out.read_text())
+    for key in ("normal_healthy", "gwq_healthy", "normal_slow", "gwq_slow"):
+        phase = result[key]
+        assert phase["entries_per_s"] > 0 and phase["errors"] == 0, (key, phase)
+        assert phase["guaranteed_write_quorum"] is key.startswith("gwq")
+        assert phase["pending_mib_max"] > 0 and phase["p99_ms"] > 0
+    assert set(result["ratio_slow"]) == {"entries_per_s", "p99_ms", "pending_mib_max"}
+    assert "GWQ / normal, slow:" in proc.stdout

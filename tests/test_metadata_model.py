@@ -171,3 +171,21 @@ def test_corrupt_json_is_a_clear_error(mutate):
 def test_password_hash_is_stable_and_distinguishes():
     assert password_hash(b"a") == password_hash(b"a") != password_hash(b"b")
     assert len(password_hash(b"")) == 64
+
+
+def test_guaranteed_write_quorum_is_kept_and_absent_by_default():
+    plain = ledger()
+    assert b"guaranteed_write_quorum" not in plain.to_json_bytes()  # older ledgers' bytes
+    assert LedgerMetadata.from_json_bytes(plain.to_json_bytes()).guaranteed_write_quorum is False
+    gwq = ledger(guaranteed_write_quorum=True)
+    again = LedgerMetadata.from_json_bytes(gwq.to_json_bytes())
+    assert again == gwq and again.guaranteed_write_quorum is True
+    # Every transform keeps it (a recovery's close must still write back to WQ).
+    assert (
+        gwq.with_ensemble_change(5, ("b4:4", "b2:2", "b3:3"))
+        .in_recovery()
+        .closed(7, -1)
+        .guaranteed_write_quorum
+    )
+    with pytest.raises(IncorrectParameterError):
+        ledger(guaranteed_write_quorum=1)

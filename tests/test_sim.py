@@ -64,9 +64,11 @@ DATA_LOSS = {"NoDivergenceBetweenClientAndMetaData", "AllAckedEntriesAreReadable
 LOG_BUGS = ("log-takeover-without-recovery",)
 # Autorecovery (sim/autorecovery.py): replacements chosen without regard to racks.
 WORKER_BUGS = ("replication-ignores-placement",)
+# Guaranteed write quorum (sim/gwq.py): no pinning; a close that does not wait for WQ.
+GWQ_BUGS = ("gwq-no-pinning", "gwq-close-before-wq")
 
 
-@pytest.mark.parametrize("bug", CLIENT_BUGS + BOOKIE_BUGS + LOG_BUGS + WORKER_BUGS)
+@pytest.mark.parametrize("bug", CLIENT_BUGS + BOOKIE_BUGS + LOG_BUGS + WORKER_BUGS + GWQ_BUGS)
 def test_each_bug_switch_is_found_within_200_seeds(bug: str) -> None:
     results = list(sweep(range(200), [bug], stop_at_first=True))
     last = results[-1]
@@ -78,6 +80,8 @@ def test_each_bug_switch_is_found_within_200_seeds(bug: str) -> None:
         assert found & DATA_LOSS, last.report()
     if bug in WORKER_BUGS:
         assert "DurabilityContract" in found, last.report()
+    if bug in GWQ_BUGS:
+        assert found & ({"ClosedLedgerEntriesAtWriteQuorum"} | DATA_LOSS), last.report()
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -87,7 +91,7 @@ def test_a_seed_replays_exactly() -> None:
 
 
 def test_every_bug_switch_is_known_to_the_command_line_and_tested() -> None:
-    assert set(CLIENT_BUGS + BOOKIE_BUGS + LOG_BUGS + WORKER_BUGS) == set(KNOWN_BUGS)
+    assert set(CLIENT_BUGS + BOOKIE_BUGS + LOG_BUGS + WORKER_BUGS + GWQ_BUGS) == set(KNOWN_BUGS)
     assert set(BOOKIE_BUGS) == integrity.BOOKIE_BUGS
 
 

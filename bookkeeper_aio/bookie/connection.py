@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import FrameTooLargeError, ProtocolError, StatusCode
+from ..framed import FramedConnection
 from ..protocol import (
     PROTOCOL_VERSION,
     RESPONSE_BIT,
@@ -50,7 +51,6 @@ from ..protocol import (
     BadFrame,
     ErrorResponse,
     FrameDecoder,
-    FrameEncoder,
     HelloRequest,
     HelloResponse,
     Message,
@@ -69,27 +69,23 @@ log = logging.getLogger(__name__)
 Held = Message | BadFrame | Callable[[], None]  # a request not handled yet, or deferred work
 
 
-class BookieConnection(asyncio.Protocol, Peer):
-    """The server side of one connection (see the module docstring)."""
+class BookieConnection(FramedConnection, Peer):
+    """The server side of one connection (see the module docstring; the output plumbing is
+    :class:`~bookkeeper_aio.framed.FramedConnection`'s, every queued answer handed to the
+    transport at once)."""
 
     def __init__(self, bookie: Bookie) -> None:
+        FramedConnection.__init__(self)
         Peer.__init__(self)
         self.bookie = bookie
         self.config = bookie.config
         self.handler = bookie.handler
-        self._loop = asyncio.get_running_loop()
         self._decoder = FrameDecoder(
             self.config.frame_bytes_max, request_limits(self.config.multi_add_parts_max)
         )
-        self._encoder = FrameEncoder()
-        self._transport: asyncio.Transport | None = None
-        self._out: list[bytes] = []
-        self._out_bytes = 0  # bytes in _out
         # Half the bound here, half in the transport's buffer (its high-water mark).
         self._out_max = self.config.connection_output_bytes_max // 2
-        self._blocked = False  # the transport's buffer is past the bound (pause_writing)
         self._held: collections.deque[Held] = collections.deque()
-        self._flush_scheduled = False
         self._receiving = False
         self._greeted = False
         self._closing = False
@@ -105,7 +101,7 @@ class BookieConnection(asyncio.Protocol, Peer):
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        FramedConnection.connection_made(self, transport)
         self.peer = str(transport.get_extra_info("peername"))
         transport.set_write_buffer_limits(high=self._out_max)  # type: ignore[attr-defined]
         if not self.bookie.register(self):
@@ -145,20 +141,17 @@ class BookieConnection(asyncio.Protocol, Peer):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        self._out.clear()
-        self._out_bytes = 0
+        self._drop_output()
         self._held.clear()
         if self._timer is not None:
             self._timer.cancel()
         self.drop_long_polls()
         self.bookie.unregister(self)
 
-    def pause_writing(self) -> None:
-        self._blocked = True
+    def _on_pause(self) -> None:
         self.pause_reading("output")
 
-    def resume_writing(self) -> None:
-        self._blocked = False
+    def _on_resume(self) -> None:
         self._run_held()
         if not self._held:
             self.resume_reading("output")
@@ -302,15 +295,8 @@ class BookieConnection(asyncio.Protocol, Peer):
         self._out_bytes += len(frame)
         if now:
             self._flush()
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self._out and self._transport is not None and not self._transport.is_closing():
-            out, self._out, self._out_bytes = self._out, [], 0
-            self._transport.writelines(out)
+        else:
+            self._schedule_flush()
 
     def _close_with(self, msg: Message) -> None:
         """Send a last message, then close (after the output is flushed)."""
@@ -329,20 +315,18 @@ class BookieConnection(asyncio.Protocol, Peer):
     def abort(self) -> None:
         """Drop the connection now, unflushed output included (a crashing bookie)."""
         self._closing = True
-        self._out.clear()
+        self._drop_output()
         self._held.clear()
         if self._transport is not None:
             self._transport.abort()
 
     def statistics(self) -> dict[str, int]:
         """In-flight requests and bytes, queued output, held requests, parked long polls."""
-        transport = self._transport
         return {
             "in_flight": self._in_flight,
             "in_flight_bytes": self._in_flight_bytes,
             "output_frames": len(self._out),
-            "output_bytes": self._out_bytes
-            + (transport.get_write_buffer_size() if transport is not None else 0),
+            "output_bytes": self.output_bytes(),
             "held": len(self._held),
             "long_polls": len(self.long_polls),
         }

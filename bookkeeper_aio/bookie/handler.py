@@ -97,6 +97,8 @@ from ..protocol import (
     ScrubResponse,
     WriteLacRequest,
     WriteLacResponse,
+    WriteLafrRequest,
+    WriteLafrResponse,
     as_part,
     check_add_entries,
     multi_add_parts,
@@ -168,6 +170,7 @@ class RequestHandler:
             ReadRequest: self._read,
             ReadLacRequest: self._read_lac,
             WriteLacRequest: self._write_lac,
+            WriteLafrRequest: self._write_lafr,
             ListEntriesRequest: self._list_entries,
             BookieInfoRequest: self._bookie_info,
             ScrubRequest: self._scrub,
@@ -605,7 +608,7 @@ class RequestHandler:
                 reply(ReadLacResponse(rid, StatusCode.UNKNOWN, lid, None, -1))
             else:
                 last = self.engine.last_entry_id(lid)
-                reply(ReadLacResponse(rid, OK, lid, state.lac_proof, last))
+                reply(ReadLacResponse(rid, OK, lid, state.lac_proof, last, state.lafr))
 
         self.counters["read_lacs"] += 1
         if req.flags & READ_FLAG_FENCE:
@@ -639,6 +642,19 @@ class RequestHandler:
 
         self.counters["write_lacs"] += 1
         self.journal.append(REC_EXPLICIT_LAC, ledger_body(lid, pack_proof(proof)), durable)
+
+    def _write_lafr(self, req: WriteLafrRequest, reply: Reply, peer: Peer) -> None:
+        """Guaranteed write quorum: keep the writer's LAFR (a hint; docs/protocol.md)."""
+        rid, lid = req.request_id, req.ledger_id
+        state = self.ledger(lid)
+        if state is None:
+            reply(WriteLafrResponse(rid, StatusCode.NO_SUCH_LEDGER, lid))
+        elif not self._key_ok(state, req.master_key):
+            reply(WriteLafrResponse(rid, StatusCode.UNAUTHORIZED, lid))
+        else:
+            state.lafr = max(state.lafr, req.lafr)
+            self.counters["write_lafrs"] += 1
+            reply(WriteLafrResponse(rid, OK, lid))
 
     # --- audits and info ------------------------------------------------------------------
 
@@ -727,6 +743,8 @@ def error_response(request: Message, status: int) -> Message:
         return ReadLacResponse(rid, status, request.ledger_id, None, -1)
     if isinstance(request, WriteLacRequest):
         return WriteLacResponse(rid, status, request.ledger_id)
+    if isinstance(request, WriteLafrRequest):
+        return WriteLafrResponse(rid, status, request.ledger_id)
     if isinstance(request, ListEntriesRequest):
         return ListEntriesResponse(rid, status, request.ledger_id, [], -1)
     if isinstance(request, LedgerRecordsRequest):

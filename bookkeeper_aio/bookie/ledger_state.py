@@ -112,6 +112,10 @@ class LedgerState:
     lac_proof: LacProof | None = None
     explicit_lac: LacProof | None = None
     fence_durable: bool = True  # False while a fence's journal record is not yet synced
+    # Guaranteed write quorum: the highest LAFR a writer sent (WriteLafrRequest). A hint for
+    # a recovery's starting point, in memory only: after a restart -1, and a recovery then
+    # starts at the last segment's first entry, which is always correct.
+    lafr: int = -1
     # Long polls parked on the LAC, each keyed by itself (removed in O(1) when it expires).
     waiters: dict[object, Waiter] = field(default_factory=dict)
 

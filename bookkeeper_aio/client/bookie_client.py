@@ -56,6 +56,7 @@ from ..errors import (
     TooManyRequestsError,
     error_for_status,
 )
+from ..framed import FramedConnection
 from ..net import Network
 from ..protocol import (
     ADD_FLAG_RECOVERY,
@@ -73,7 +74,6 @@ from ..protocol import (
     BookieInfoResponse,
     ErrorResponse,
     FrameDecoder,
-    FrameEncoder,
     HelloRequest,
     ListEntriesRequest,
     ListEntriesResponse,
@@ -107,17 +107,18 @@ def handshake_hint(config: ClientConfig) -> str:
     return "if the bookie requires client certificates, set tls_cert_file and tls_key_file"
 
 
-class BookieClient(asyncio.Protocol):
-    """One pipelined connection to one bookie (see the module docstring)."""
+class BookieClient(FramedConnection):
+    """One pipelined connection to one bookie (see the module docstring; the output plumbing
+    is :class:`~bookkeeper_aio.framed.FramedConnection`'s, in WRITE_CHUNK_BYTES calls)."""
+
+    WRITE_CHUNK_BYTES = WRITE_CHUNK_BYTES
 
     def __init__(self, address: str, config: ClientConfig) -> None:
+        FramedConnection.__init__(self)
         self.address = address
         self.config = config
         self.bookie_id = address
-        self._loop = asyncio.get_running_loop()
         self._decoder = FrameDecoder(config.frame_bytes_max, RESPONSE_LIMITS)
-        self._encoder = FrameEncoder()
-        self._transport: asyncio.Transport | None = None
         # request id -> (deliver(response or exception), deadline, bytes, the request's op).
         # Callbacks, not futures: a future costs an allocation plus a call_soon hop per
         # response (profiled: about a fifth of the client's CPU per add).
@@ -125,8 +126,6 @@ class BookieClient(asyncio.Protocol):
         self.backlog_bytes = 0  # bytes of the requests queued or sent and not yet answered
         self.on_drain: Callable[[], None] | None = None  # called when backlog_bytes fell
         self._next_id = 1
-        self._out: list[bytes] = []
-        self._flush_scheduled = False
         # Adds of this loop turn after its first request: one MultiAddRequest at its end.
         self._parts: list[tuple[SharedFrame, Callable[[Any], None]]] = []
         self._parts_bytes = 0
@@ -179,7 +178,7 @@ class BookieClient(asyncio.Protocol):
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        FramedConnection.connection_made(self, transport)
         self._schedule_sweep()
 
     def data_received(self, data: bytes) -> None:
@@ -233,10 +232,10 @@ class BookieClient(asyncio.Protocol):
         reason = f"connection to bookie {self.address} lost" + (f": {exc}" if exc else "")
         self._fail_all(self._closed or BookieUnavailableError(reason))
 
-    def pause_writing(self) -> None:
+    def _on_pause(self) -> None:
         self._writable.clear()
 
-    def resume_writing(self) -> None:
+    def _on_resume(self) -> None:
         self._writable.set()
         self._flush()
 
@@ -276,9 +275,8 @@ class BookieClient(asyncio.Protocol):
         frame = self._encoder.encode(msg_type(self._next_id, *fields))
         self._register(callback, timeout_s, len(frame), msg_type.OP)
         self._out.append(frame)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._out_bytes += len(frame)
+        self._schedule_flush()
 
     def request_shared(
         self, frame: SharedFrame, callback: Callable[[Any], None], timeout_s: float | None = None
@@ -305,12 +303,13 @@ class BookieClient(asyncio.Protocol):
             self.backlog_bytes += frame.part_size  # a writer's backpressure counts it now
             return
         pieces = frame.pieces(self._encoder.packer, self._next_id)
-        self._register(callback, timeout_s, sum(map(len, pieces)), frame.op)
+        size = sum(map(len, pieces))
+        self._register(callback, timeout_s, size, frame.op)
         self._out += pieces
+        self._out_bytes += size
         if not self._flush_scheduled:
             self._flush()
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)  # the turn's later requests, together
+            self._schedule_flush()  # the turn's later requests, together
 
     def _send_parts(self) -> None:
         """Queue the parts gathered so far as one request (a lone part as itself)."""
@@ -327,8 +326,10 @@ class BookieClient(asyncio.Protocol):
             callback = partial(self._answer_parts, [(f.op, callback) for f, callback in parts])
             op = MultiAddRequest.OP
             self.stats["multi_adds"] += 1
-        self._register(callback, None, sum(map(len, pieces)), op)
+        size = sum(map(len, pieces))
+        self._register(callback, None, size, op)
         self._out += pieces
+        self._out_bytes += size
 
     def _answer_parts(self, parts: list[tuple[int, Callable[[Any], None]]], result: Any) -> None:
         """Give each part of a MultiAddRequest (its op, whom to tell) its own answer (the
@@ -382,24 +383,9 @@ class BookieClient(asyncio.Protocol):
             raise self._closed
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self._parts:
+        if self._parts:  # the turn's gathered adds go first, as one MultiAddRequest
             self._send_parts()
-        transport = self._transport
-        if not self._out or transport is None or transport.is_closing():
-            return
-        # Hand the transport at most WRITE_CHUNK_BYTES at a time and stop once it pauses us:
-        # frames left here are shared with the other bookies' connections (no copy), while
-        # the transport would copy each into its own buffer. resume_writing flushes the rest.
-        out, start, end = self._out, 0, 0
-        while end < len(out) and self._writable.is_set():
-            size = 0
-            while end < len(out) and size < WRITE_CHUNK_BYTES:
-                size += len(out[end])
-                end += 1
-            transport.writelines(out[start:end])
-            start = end
-        self._out = out[end:] if end < len(out) else []
+        FramedConnection._flush(self)
 
     def _schedule_sweep(self) -> None:
         self._sweeper = self._loop.call_later(self.config.timeout_sweep_interval_s, self._sweep)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config import ClientConfig, MetadataConfig
 from ..digest import master_key
-from ..errors import UnauthorizedError
+from ..errors import IncorrectParameterError, UnauthorizedError
 from ..logs.api import LOG_TAG, LogInfo, LogReader, LogRecord, Logs, LogWriter
 from ..logs.options import LogOptions, check_name
 from ..metadata.model import LedgerMetadata, password_hash, validate_quorums
@@ -34,7 +34,7 @@ from .context import ClientContext
 from .placement import PlacementPolicy
 from .reader import LedgerReader
 from .recovery import recover
-from .writer import LedgerWriter
+from .writer import LedgerWriter, WriterState
 
 
 class BookKeeper:
@@ -98,8 +98,8 @@ class BookKeeper:
         latency = self.ctx.stats.add_latency
         return {
             **self.ctx.stats.counters,
-            "pending_adds": sum(len(w._pending) for w in writers),
-            "writers_open": sum(1 for w in writers if not w._closed),
+            "pending_adds": sum(w._pipe.pending_count for w in writers),
+            "writers_open": sum(1 for w in writers if w.state is WriterState.OPEN),
             "add_latency_s_p50": latency.quantile(0.5),
             "add_latency_s_p99": latency.quantile(0.99),
             "bookies": self.ctx.pool.statistics(),
@@ -120,14 +120,23 @@ class BookKeeper:
         ack_quorum: int = 2,
         password: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
+        guaranteed_write_quorum: bool = False,
     ) -> LedgerWriter:
         """Create a ledger and open it for writing.
 
+        With ``guaranteed_write_quorum`` (kept in the ledger's metadata) every entry of the
+        closed ledger, and every entry outside the last segment while it is open, has
+        ``write_quorum`` copies; adds are still acknowledged at ``ack_quorum``, but stay in
+        the writer's memory until they reach WQ, and :meth:`LedgerWriter.close` waits for
+        that (docs/protocol.md, "Guaranteed write quorum").
+
         Raises:
-            IncorrectParameterError: not E >= WQ >= AQ >= 1.
+            IncorrectParameterError: not E >= WQ >= AQ >= 1, or a non-bool option.
             NotEnoughBookiesError: fewer than E writable bookies are registered.
         """
         validate_quorums(ensemble_size, write_quorum, ack_quorum)
+        if type(guaranteed_write_quorum) is not bool:
+            raise IncorrectParameterError("guaranteed_write_quorum must be True or False")
         bookies = (await self.ctx.metadata.list_bookies()).values()
         ensemble = self.ctx.placement.new_ensemble(
             ensemble_size, write_quorum, bookies, self.ctx.rng
@@ -141,6 +150,7 @@ class BookKeeper:
                 password_hash=password_hash(password), ctime_ms=ctime_ms,
                 custom_metadata=dict(custom_metadata or {}), creator_token=token,
                 master_key=master_key(password).hex(),
+                guaranteed_write_quorum=guaranteed_write_quorum,
             )  # fmt: skip
 
         versioned = await self.ctx.metadata.create_ledger(make)

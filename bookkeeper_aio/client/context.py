@@ -18,9 +18,14 @@ from .bookie_client import BookiePool
 from .placement import PlacementPolicy
 from .stats import ClientStats
 
-KNOWN_BUGS = frozenset(
-    {"recovery-reads-without-fence", "recovery-below-last-segment", "unknown-as-negative"}
-) | {"log-takeover-without-recovery"}  # logs/takeover.py: opens a ledger without fencing
+KNOWN_BUGS = (
+    frozenset(
+        {"recovery-reads-without-fence", "recovery-below-last-segment", "unknown-as-negative"}
+    )
+    | {"log-takeover-without-recovery"}  # logs/takeover.py: opens a ledger without fencing
+    # Guaranteed write quorum (client/writer.py): no pinning; a close that does not wait for WQ.
+    | {"gwq-no-pinning", "gwq-close-before-wq"}
+)
 
 
 class LedgerEntry(NamedTuple):

@@ -26,6 +26,12 @@ Theory of operation
    recoverers read the same bookies and converge on the same end; whoever loses the CAS
    adopts the winner's CLOSED metadata.
 
+**Guaranteed write quorum** (docs/protocol.md): step 2's fencing reads also return the LAFR
+(last add fully replicated) the writer sent; step 3 starts after
+:func:`~bookkeeper_aio.quorum.gwq_recovery_start` (the LAFR, bounded by the LAC, and never
+before the last segment) instead of the LAC, and writes back until WQ bookies hold each
+entry, so the close leaves no entry below WQ.
+
 The ledger's byte length is not carried by entries, so a recovered ledger records length -1
 (unknown) unless nothing past the writer's close was needed.
 """
@@ -51,7 +57,14 @@ from ..protocol import (
     ReadRequest,
     pack_add_entries,
 )
-from ..quorum import ReadDecision, is_covered, recovery_read_decision, recovery_start, write_set
+from ..quorum import (
+    ReadDecision,
+    gwq_recovery_start,
+    is_covered,
+    recovery_read_decision,
+    recovery_start,
+    write_set,
+)
 from .context import ClientContext
 from .reads import entry_ok, proof_lac, request
 
@@ -78,10 +91,13 @@ async def recover(
     ctx.stats.counters["recoveries"] += 1
     md: LedgerMetadata = versioned.value
     key = key if key is not None else master_key(password)
-    lac = await _fence(ctx, md, key)
+    lac, lafr = await _fence(ctx, md, key)
     first_of_last, _ = md.last_ensemble()
     below = ctx.has_bug("recovery-below-last-segment")
-    last = recovery_start(lac, first_of_last, below_last_segment=below)
+    if md.guaranteed_write_quorum:  # from the LAFR, not the LAC (docs/protocol.md)
+        last = gwq_recovery_start(lac, lafr, first_of_last)
+    else:
+        last = recovery_start(lac, first_of_last, below_last_segment=below)
     ensembles = LocalEnsembles({first: list(ens) for first, ens in md.ensembles})
     last = await _read_forward(ctx, md, key, last, ensembles)
     return await _close(ctx, versioned, last, ensembles)
@@ -104,8 +120,9 @@ def _to_recovery(v: Versioned) -> LedgerMetadata | None:
     return None  # already IN_RECOVERY (another recoverer) or CLOSED
 
 
-async def _fence(ctx: ClientContext, md: LedgerMetadata, key: bytes) -> int:
-    """Fence the last ensemble; return the highest LAC it reports (see the module doc)."""
+async def _fence(ctx: ClientContext, md: LedgerMetadata, key: bytes) -> tuple[int, int]:
+    """Fence the last ensemble; return the highest LAC and LAFR it reports (see the module
+    doc; the LAFR is -1 unless the ledger has guaranteed write quorum)."""
     _, ensemble = md.last_ensemble()
     tasks = {
         asyncio.ensure_future(
@@ -114,7 +131,7 @@ async def _fence(ctx: ClientContext, md: LedgerMetadata, key: bytes) -> int:
         for index, bookie in enumerate(ensemble)
     }
     known: set[int] = set()
-    lac = -1
+    lac = lafr = -1
     pending = set(tasks)
     try:
         while pending:
@@ -124,8 +141,9 @@ async def _fence(ctx: ClientContext, md: LedgerMetadata, key: bytes) -> int:
                 if getattr(result, "status", None) == StatusCode.OK:
                     known.add(tasks[task])
                     lac = max(lac, proof_lac(md.ledger_id, result.lac_proof))
+                    lafr = max(lafr, result.last_add_fully_replicated)
             if is_covered(md.ensemble_size, md.write_quorum, md.ack_quorum, known):
-                return lac
+                return lac, lafr
     finally:
         for task in pending:
             task.cancel()
@@ -277,9 +295,10 @@ async def _write_back(
         LedgerRecoveryError: bookies kept failing (more rounds than the ensemble has bookies).
     """
     acked: dict[int, set[int]] = {e.entry_id: set() for e in entries}
+    need = copies_needed(md)
     for _attempt in range(md.ensemble_size + 3):
         failed = await _write_round(ctx, md, key, entries, ensembles, acked)
-        waiting = [e.entry_id for e in entries if len(acked[e.entry_id]) < md.ack_quorum]
+        waiting = [e.entry_id for e in entries if len(acked[e.entry_id]) < need]
         if not waiting:
             return
         first = waiting[0]
@@ -291,6 +310,12 @@ async def _write_back(
             if entry_id >= first:  # those bookies are no longer in their write sets
                 indexes -= failed
     raise LedgerRecoveryError(f"ledger {md.ledger_id}: could not write back {entries[0].entry_id}")
+
+
+def copies_needed(md: LedgerMetadata) -> int:
+    """How many copies a written-back entry needs: AQ, or WQ with guaranteed write quorum
+    (a recovery's close must not leave entries below WQ either)."""
+    return md.write_quorum if md.guaranteed_write_quorum else md.ack_quorum
 
 
 def _segment(ctx: ClientContext, ensembles: dict, entry_id: int) -> int:
@@ -316,6 +341,7 @@ async def _write_round(
     done: asyncio.Future[None] = loop.create_future()
     failed: set[int] = set()
     unanswered: dict[int, int] = {}  # entry id -> its requests of this round not answered
+    need = copies_needed(md)
 
     def answered(entry_id: int, index: int, result: Any) -> None:
         if done.done() or entry_id not in unanswered:
@@ -325,14 +351,14 @@ async def _write_round(
         else:
             failed.add(index)
         unanswered[entry_id] -= 1
-        if len(acked[entry_id]) >= md.ack_quorum or not unanswered[entry_id]:
+        if len(acked[entry_id]) >= need or not unanswered[entry_id]:
             del unanswered[entry_id]
             if not unanswered:
                 done.set_result(None)
 
     groups: dict[tuple[str, int], list[Any]] = {}  # (bookie, index) -> entries for it
     for entry in entries:
-        if len(acked[entry.entry_id]) >= md.ack_quorum:
+        if len(acked[entry.entry_id]) >= need:
             continue
         ensemble = ensembles[_segment(ctx, ensembles, entry.entry_id)]
         members = write_set(entry.entry_id, md.ensemble_size, md.write_quorum)

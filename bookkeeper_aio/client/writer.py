@@ -1,24 +1,38 @@
-"""The writer's handle: striped adds acknowledged in order, the LAC, ensemble changes, close.
+"""The writer's handle: the async driver of an :class:`.add_pipeline.AddPipeline`.
 
 Theory of operation
 -------------------
+The pipeline decides (which adds are pending, acknowledged, released, what an ensemble change
+re-sends, which bookies are pinned, the LAC and the LAFR); this driver moves bytes and waits.
 :meth:`LedgerWriter.append_nowait` gives the payload the next entry id, computes its digest over
-(ledger, entry, LAC so far, payload) and sends it to the entry's write set; each bookie's answer
-feeds the entry's :class:`~bookkeeper_aio.quorum.AckSet`. Entries complete strictly in order:
-an entry's future resolves (or, for :meth:`LedgerWriter.append_callback`, its callback is
-called) only when it *and every earlier entry* reached the ack quorum, and the LAC advances
-with it. At most ``adds_pending_max`` entries and ``adds_pending_bytes_max``
-payload bytes are pending, and at most ``bookie_backlog_bytes_max`` unanswered bytes on the
-connection to any bookie of the ensemble; :meth:`append` and :meth:`wait_for_room` wait for
-room (backpressure, bounded memory).
+(ledger, entry, LAC so far, payload), pushes it into the pipeline and sends it to the entry's
+write set; each bookie's answer is fed back (``acked`` / ``ack``), and the adds the pipeline
+completes are told to their callers in entry order: a future resolves (or, for
+:meth:`LedgerWriter.append_callback`, a callback is called) only when the add *and every
+earlier one* reached the ack quorum. At most ``adds_pending_max`` adds and
+``adds_pending_bytes_max`` payload bytes are pending, and at most ``bookie_backlog_bytes_max``
+unanswered bytes on the connection to any bookie of the ensemble; :meth:`append` and
+:meth:`wait_for_room` wait for room (backpressure, bounded memory).
 
-A bookie that fails an add (error, timeout, lost connection, read-only) is replaced by the
-ensemble-change coroutine: replacements come from the placement policy, and the metadata gets
-a new segment starting at LAC + 1 through a compare-and-swap; then every pending add is re-sent
-to the replacements. Failures during a change are queued and handled by the next round. If the
-CAS finds the ledger CLOSED every pending add fails with LedgerClosedError, if IN_RECOVERY with
-LedgerFencedError — as does a FENCED answer from any bookie: another client is recovering the
-ledger and this writer must stop.
+Sending is batched: the adds of one loop turn go out as one frame per bookie at its end, and a
+bookie with ``add_batches_in_flight_max`` unanswered batches gets its partial batch when it
+answers one.
+
+A bookie that fails an add (error, timeout, lost connection, read-only) is handed to the
+pipeline, and the ensemble-change coroutine replaces the failed bookies the pipeline lets go
+(not pinned): replacements come from the placement policy, the metadata gets a new segment at
+the pipeline's ``segment_start`` through a compare-and-swap, and the adds the pipeline returns
+are re-sent to the replacements. If the CAS finds the ledger CLOSED every pending add fails
+with LedgerClosedError, if IN_RECOVERY with LedgerFencedError — as does a FENCED answer from
+any bookie: another client is recovering the ledger and this writer must stop.
+
+With **guaranteed write quorum** (a ledger created with ``guaranteed_write_quorum=True``, kept
+in its metadata; docs/protocol.md) an add stays pending until it and every earlier add have WQ
+copies, ensemble changes carry every add from the first one below WQ and never replace a
+pinned bookie, :meth:`close` completes only when nothing is pending (else it raises
+:class:`~bookkeeper_aio.errors.WriteQuorumTimeoutError` and leaves the ledger OPEN for
+recovery), and the LAFR goes to the ensemble every ``explicit_lac_interval_s`` when it moved.
+Ledgers without the option take none of these paths.
 
 After ``explicit_lac_interval_s`` without adds, the writer sends its LAC to the ensemble
 (WRITE_LAC) so tailing readers see the last entry. :meth:`close` drains pending adds and CASes
@@ -28,9 +42,8 @@ the metadata to CLOSED at the LAC; it succeeds if the metadata already says exac
 from __future__ import annotations
 
 import asyncio
-import collections
+import enum
 import logging
-from collections.abc import Callable
 from functools import partial
 from time import perf_counter
 from typing import Any
@@ -44,6 +57,7 @@ from ..errors import (
     StatusCode,
     TooManyRequestsError,
     UnauthorizedError,
+    WriteQuorumTimeoutError,
 )
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..metadata.store import update_ledger
@@ -55,10 +69,11 @@ from ..protocol import (
     AddResponse,
     SharedFrame,
     WriteLacRequest,
+    WriteLafrRequest,
     add_entry_head,
 )
-from ..quorum import AckSet, write_set
 from ..retry import RetryPolicy
+from .add_pipeline import AddCallback, AddPipeline, PendingAdd
 from .context import ClientContext
 from .short_copies import ShortCopies
 
@@ -66,54 +81,27 @@ log = logging.getLogger(__name__)
 # What an add takes in a batch beyond its payload (protocol.pack_add_entries).
 FRAMING_BYTES_PER_ADD = ADD_ENTRY_HEAD.size
 
-
-AddCallback = Callable[[int, BaseException | None], None]
-
-
-class _PendingAdd(AckSet):
-    """An add in flight: its acknowledgements (an AckSet itself, not holding one: a writer
-    keeps thousands of these, and each object is one more for the garbage collector), and
-    whom to tell: a future (append_nowait) or a callback (append_callback)."""
-
-    __slots__ = (
-        "callback", "digest", "done", "entry_id", "error", "future", "head", "lac", "overloads",
-        "payload",
-    )  # fmt: skip
-
-    def __init__(
-        self, entry_id: int, lac: int, payload: bytes, digest: int, head: bytes,
-        write_set: tuple[int, ...], ack_quorum: int, future: asyncio.Future[int] | None,
-        callback: AddCallback | None,
-    ) -> None:  # fmt: skip
-        # AckSet.__init__ inlined (the writer checked its quorums once): the call cost 0.14 µs
-        # of the 0.36 this constructor takes per add (timeit).
-        self.write_set, self.ack_quorum, self.guaranteed_write_quorum = write_set, ack_quorum, False
-        self._acked = self._failed = 0
-        self.entry_id, self.lac, self.payload, self.digest = entry_id, lac, payload, digest
-        self.head = head  # what precedes the payload in a batch (protocol.add_entry_head)
-        self.future, self.callback = future, callback
-        self.done = False  # completed or failed: the caller was told (or its future cancelled)
-        # self.error: set by LedgerWriter._finish for an append_callback add, read by _tell
-        # self.overloads: TOO_MANY_REQUESTS answers in a row, set by _on_add (rare: no cost here)
-
-    def finish(self, error: BaseException | None) -> None:
-        """Tell the caller the add succeeded (``error`` None) or failed; once."""
-        self.done = True
-        future = self.future
-        if future is None:
-            try:
-                self.callback(self.entry_id, error)  # type: ignore[misc]
-            except Exception:  # the caller's bug must not break the writer's bookkeeping
-                log.exception("add callback of entry %d raised", self.entry_id)
-        elif not future.done():  # not cancelled by its caller
-            if error is None:
-                future.set_result(self.entry_id)
-            else:
-                future.set_exception(error)
-                future.exception()  # the caller may have dropped it: not "never retrieved"
+_Packed = tuple[list[PendingAdd], SharedFrame] | None
 
 
-_Packed = tuple[list[_PendingAdd], SharedFrame] | None
+class WriterState(enum.Enum):
+    """A writer's lifecycle: OPEN -> CLOSING -> CLOSED, and OPEN / CLOSING -> FAILED."""
+
+    OPEN = "open"  # takes adds
+    CLOSING = "closing"  # close() waits for pending adds (with GWQ: for their WQ copies)
+    CLOSED = "closed"  # close() is done (or gave up after a failure)
+    FAILED = "failed"  # fenced, unauthorized, an ensemble change failed, or WQ not reached
+
+
+_MOVES = frozenset(
+    {
+        (WriterState.OPEN, WriterState.CLOSING),
+        (WriterState.CLOSING, WriterState.CLOSED),
+        (WriterState.OPEN, WriterState.FAILED),
+        (WriterState.CLOSING, WriterState.FAILED),
+        (WriterState.FAILED, WriterState.CLOSED),
+    }
+)
 
 
 class LedgerWriter:
@@ -127,36 +115,36 @@ class LedgerWriter:
         self._key = master_key
         self._ensemble = list(md.last_ensemble()[1])
         self._e, self._wq, self._aq = md.ensemble_size, md.write_quorum, md.ack_quorum
-        # There are exactly E write sets: entry e uses number e % E.
-        self._write_sets = [write_set(i, self._e, self._wq) for i in range(self._e)]
+        self._gwq = md.guaranteed_write_quorum
+        self._pipe = AddPipeline(
+            self._e, self._wq, self._aq, guaranteed_write_quorum=self._gwq,
+            pinning=not ctx.has_bug("gwq-no-pinning"),
+        )  # fmt: skip
+        self._write_sets = self._pipe.write_sets
         self._loop = asyncio.get_running_loop()
-        self._batch_entries_max = ctx.config.add_batch_entries_max
-        self._batch_bytes_max = ctx.config.add_batch_bytes_max
-        self._batches_in_flight_max = ctx.config.add_batches_in_flight_max
-        self._batches_in_flight: dict[str, int] = {}  # bookie -> our unanswered add requests
         cfg = ctx.config
+        self._batch_entries_max = cfg.add_batch_entries_max
+        self._batch_bytes_max = cfg.add_batch_bytes_max
+        self._batches_in_flight_max = cfg.add_batches_in_flight_max
+        self._batches_in_flight: dict[str, int] = {}  # bookie -> our unanswered add requests
         self._overload_retry = RetryPolicy(cfg.overload_retry_backoff_s,
                                            cfg.overload_retry_backoff_max_s,
                                            cfg.overload_retries_max)  # fmt: skip
-        self.last_add_confirmed = -1
-        self.last_add_pushed = -1
-        self.length = 0
-        self._pending_bytes = 0
-        self._pending: collections.deque[_PendingAdd] = collections.deque()
         self._room = asyncio.Event()
         self._room.set()
+        self.state = WriterState.OPEN
         self._failed: BaseException | None = None
-        self._closed = False
-        self._failed_bookies: dict[int, str] = {}  # index -> bookie awaiting replacement
-        self._changing: set[int] = set()
+        # Guaranteed write quorum: why this writer must never close the ledger (it failed
+        # with entries below WQ; a recovery will close it).
+        self._unclosable: BaseException | None = None
         # Adds of this loop turn, sent as one frame per bookie at its end: new adds (each to
         # its whole write set), and for one ensemble index: retries, re-sends, and adds held
         # while add_batches_in_flight_max requests to its bookie are unanswered.
-        self._fresh: list[_PendingAdd] = []
+        self._fresh: list[PendingAdd] = []
         self._fresh_bytes = 0
         # Bytes every bookie's backlog can still take (_has_room); -1: unknown, ask them.
         self._backlog_credit = -1
-        self._queued: dict[int, list[_PendingAdd]] = {}
+        self._queued: dict[int, list[PendingAdd]] = {}
         self._queued_bytes: dict[int, int] = {}
         self._flush_handle: asyncio.Handle | None = None
         self._change_task: asyncio.Task[None] | None = None
@@ -164,10 +152,11 @@ class LedgerWriter:
         # The add being timed for the client's latency histogram (stats.py), -1: none.
         self._timed_entry, self._timed_at = -1, 0.0
         self._lac_sent = -1  # highest LAC that reached the bookies (piggybacked or explicit)
+        self._lafr_sent = -1  # highest LAFR sent to the ensemble (guaranteed write quorum)
         self._idle = True
         # append_callback adds completed or failed, told at the end of this loop turn (_tell);
         # each carries its outcome (no tuple per add: one object fewer for the GC).
-        self._to_tell: list[_PendingAdd] = []
+        self._to_tell: list[PendingAdd] = []
         self._lac_task = self._loop.create_task(self._explicit_lac_loop())
         # BP-31: acknowledged entries a bookie of their write set failed to store.
         self._short = ShortCopies(ctx.metadata, self.ledger_id, "write failed after ack quorum")
@@ -177,6 +166,31 @@ class LedgerWriter:
     @property
     def metadata(self) -> LedgerMetadata:
         return self._versioned.value
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """The LAC: the last entry acknowledged (it and every earlier one at AQ)."""
+        return self._pipe.last_add_confirmed
+
+    @property
+    def last_add_pushed(self) -> int:
+        return self._pipe.last_add_pushed
+
+    @property
+    def last_add_fully_replicated(self) -> int:
+        """The LAFR: with guaranteed write quorum, the last entry that (with every earlier
+        one) has WQ copies; -1 otherwise."""
+        return self._pipe.last_add_fully_replicated
+
+    @property
+    def length(self) -> int:
+        """Payload bytes of the acknowledged entries."""
+        return self._pipe.length
+
+    @property
+    def _pending(self) -> tuple[PendingAdd, ...]:
+        """The adds not released, oldest first (the simulator's god's view reads it)."""
+        return (*self._pipe.unreleased, *self._pipe.unacked)
 
     def append_nowait(self, payload: bytes) -> asyncio.Future[int]:
         """Send an entry now; a future of its entry id, resolved in entry order.
@@ -212,20 +226,19 @@ class LedgerWriter:
         self._check_open()
         if not self._has_room(len(payload)):
             raise BookKeeperError(
-                f"{len(self._pending)} adds ({self._pending_bytes} bytes) pending; "
+                f"{self._pipe.pending_count} adds ({self._pipe.pending_bytes} bytes) pending; "
                 "await append() instead"
             )
-        entry_id = self.last_add_pushed + 1
-        self.last_add_pushed = entry_id
-        lac = self.last_add_confirmed
+        pipe = self._pipe
+        entry_id = pipe.last_add_pushed + 1
+        lac = pipe.last_add_confirmed
         pdigest = payload_digest(payload)
         digest = header_digest(self.ledger_id, entry_id, lac, pdigest)
         head = add_entry_head(entry_id, lac, pdigest, digest, len(payload))
-        op = _PendingAdd(entry_id, lac, payload, digest, head,
-                         self._write_sets[entry_id % self._e], self._aq, future,
-                         callback)  # fmt: skip
-        self._pending.append(op)
-        self._pending_bytes += len(payload)
+        op = PendingAdd(entry_id, lac, payload, digest, head,
+                        self._write_sets[entry_id % self._e], self._aq, future,
+                        callback, self._gwq)  # fmt: skip
+        pipe.push(op)
         if self._timed_entry < 0:
             self._timed_entry, self._timed_at = entry_id, perf_counter()
         self._backlog_credit -= len(payload) + FRAMING_BYTES_PER_ADD
@@ -267,9 +280,10 @@ class LedgerWriter:
     def _has_room(self, size: int) -> bool:
         # An entry larger than a bound still goes, alone (nothing pending / in the backlog).
         cfg = self.ctx.config
-        if self._pending and (
-            len(self._pending) >= cfg.adds_pending_max
-            or self._pending_bytes + size > cfg.adds_pending_bytes_max
+        pipe = self._pipe
+        if (pipe.unacked or pipe.unreleased) and (
+            pipe.pending_count >= cfg.adds_pending_max
+            or pipe.pending_bytes + size > cfg.adds_pending_bytes_max
         ):
             return False
         if size <= self._backlog_credit:
@@ -296,25 +310,61 @@ class LedgerWriter:
     async def close(self) -> None:
         """Drain pending adds, then CAS the metadata to CLOSED at the LAC.
 
+        With guaranteed write quorum, "drained" means every entry has WQ copies; if that does
+        not happen within ``close_timeout_s`` (or the writer failed first), the ledger stays
+        OPEN for a recovery to close and this raises.
+
         Raises:
             MetadataVersionError: another client closed the ledger at a different entry.
             LedgerFencedError: a recoverer owns the ledger.
+            WriteQuorumTimeoutError: guaranteed write quorum only: entries still below WQ.
         """
-        if self._closed:
+        if self._unclosable is not None:
+            raise self._unclosable
+        if self.state in (WriterState.CLOSING, WriterState.CLOSED):
             return
-        self._closed = True
-        if self._pending:
-            try:
-                async with asyncio.timeout(self.ctx.config.close_timeout_s):
-                    while self._pending and self._failed is None:
-                        self._room.clear()
-                        await self._room.wait()  # set by every completion and failure
-            except TimeoutError:
-                pass  # what is still pending fails below
+        if self.state is WriterState.OPEN:
+            self._move(WriterState.CLOSING)
+        strict = self._gwq and not self.ctx.has_bug("gwq-close-before-wq")
+        pipe = self._pipe
+        try:
+            async with asyncio.timeout(self.ctx.config.close_timeout_s):
+                while (pipe.unacked or (strict and pipe.unreleased)) and self._failed is None:
+                    self._room.clear()
+                    await self._room.wait()  # set by every completion and failure
+        except TimeoutError:
+            pass  # what is still pending fails below
+        if self._unclosable is not None or (strict and not pipe.drained):
+            await self._give_up_close()  # (a failure emptied the queue: _unclosable says so)
         self._lac_task.cancel()
         if self._change_task is not None:
             await asyncio.gather(self._change_task, return_exceptions=True)
         self._fail_pending(LedgerClosedError(f"ledger {self.ledger_id} closed"))
+        await self._close_metadata()
+        self._move(WriterState.CLOSED)
+        if self.ctx.config.mark_short_copies:
+            await self._short.report()
+
+    async def _give_up_close(self) -> None:
+        """Guaranteed write quorum: entries are still below WQ; the ledger stays OPEN."""
+        pipe = self._pipe
+        exc = (
+            self._unclosable
+            or self._failed
+            or WriteQuorumTimeoutError(
+                f"ledger {self.ledger_id}: entries {pipe.last_add_fully_replicated + 1}.."
+                f"{pipe.last_add_pushed} did not reach the write quorum within "
+                f"{self.ctx.config.close_timeout_s} s; the ledger stays open for recovery"
+            )
+        )
+        self._fail(exc)
+        self._unclosable = exc
+        self._lac_task.cancel()
+        if self._change_task is not None:
+            await asyncio.gather(self._change_task, return_exceptions=True)
+        raise exc
+
+    async def _close_metadata(self) -> None:
         lac, length = self.last_add_confirmed, self.length
 
         def close_at_lac(v: Versioned) -> LedgerMetadata | None:
@@ -335,26 +385,28 @@ class LedgerWriter:
             self.ctx.metadata, self.ledger_id, close_at_lac,
             self.ctx.config.metadata_retries_max, current=self._versioned,
         )  # fmt: skip
-        if self.ctx.config.mark_short_copies:
-            await self._short.report()
 
     def statistics(self) -> dict[str, Any]:
         return {
-            "pending_adds": len(self._pending),
-            "last_add_confirmed": self.last_add_confirmed,
+            **self._pipe.statistics(),
+            "state": self.state.value,
             "ensemble_changes": self._ensemble_changes,
             "ensemble": list(self._ensemble),
         }
 
     # --- sending and acknowledgements -----------------------------------------------------
 
+    def _move(self, state: WriterState) -> None:
+        assert (self.state, state) in _MOVES, (self.state, state)
+        self.state = state
+
     def _check_open(self) -> None:
         if self._failed is not None:
             raise self._failed
-        if self._closed:
+        if self.state is not WriterState.OPEN:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
 
-    def _queue_fresh(self, op: _PendingAdd) -> None:
+    def _queue_fresh(self, op: PendingAdd) -> None:
         """Queue a new add for its whole write set: sent at the end of this loop turn with
         the others (or now, when a batch is full). One list for every bookie, not one per
         bookie: with E == WQ the flush sends that very list, packed once, to each."""
@@ -366,10 +418,10 @@ class LedgerWriter:
         elif len(fresh) >= self._batch_entries_max or self._fresh_bytes >= self._batch_bytes_max:
             self._flush()  # the bounds hold for each bookie's share, whatever the striping
 
-    def _send(self, op: _PendingAdd, index: int) -> None:
+    def _send(self, op: PendingAdd, index: int) -> None:
         """Queue an add for the bookie at ``index`` only (a retry, a re-send after an
         ensemble change); sent at the end of this loop turn, like new adds."""
-        if index in self._changing:
+        if index in self._pipe.changing:
             return  # re-sent to the replacement once the ensemble change is committed
         if op in self._fresh:
             return  # a new add not flushed yet: the flush sends it to its whole write set
@@ -426,9 +478,9 @@ class LedgerWriter:
             for chunk in self._chunks(ops) if more else (ops,):
                 frame = self._send_batch(index, chunk, frame)
 
-    def _chunks(self, ops: list[_PendingAdd]) -> list[list[_PendingAdd]]:
+    def _chunks(self, ops: list[PendingAdd]) -> list[list[PendingAdd]]:
         """``ops`` cut into batches within add_batch_entries_max and add_batch_bytes_max."""
-        chunks: list[list[_PendingAdd]] = [[]]
+        chunks: list[list[PendingAdd]] = [[]]
         size = 0
         for op in ops:
             if chunks[-1] and (
@@ -441,10 +493,10 @@ class LedgerWriter:
             size += len(op.payload)
         return chunks
 
-    def _send_batch(self, index: int, ops: list[_PendingAdd], previous: _Packed) -> _Packed:
+    def _send_batch(self, index: int, ops: list[PendingAdd], previous: _Packed) -> _Packed:
         """Send ``ops`` to the bookie at ``index`` (reusing ``previous`` if it packed the same
         adds); return what was packed."""
-        if index in self._changing or self._failed is not None:
+        if index in self._pipe.changing or self._failed is not None:
             # Changing: re-sent to the replacement once the change is committed. Failed:
             # every pending add has failed already.
             return previous
@@ -464,7 +516,7 @@ class LedgerWriter:
         self.ctx.pool.send_shared(bookie, frame, partial(self._on_batch, ops, index, bookie))
         return ops, frame
 
-    def _on_batch(self, ops: list[_PendingAdd], index: int, bookie: str, result: Any) -> None:
+    def _on_batch(self, ops: list[PendingAdd], index: int, bookie: str, result: Any) -> None:
         # Called once per request, whatever its fate: the bookie has room for another batch.
         left = self._batches_in_flight.pop(bookie, 1) - 1
         if left:
@@ -477,9 +529,8 @@ class LedgerWriter:
             and len(result.statuses) == len(ops)
             and self._ensemble[index] == bookie
         ):  # the common case: what _on_add does for each OK, completing once
-            AckSet.add_acks(ops, index)  # acks of adds completed already change nothing
-            if self._pending and self._pending[0].completed:
-                self._complete_in_order()
+            if self._pipe.acked(ops, index):
+                self._complete()
         elif type(result) is AddBatchResponse and len(result.statuses) == len(ops):
             for op, status in zip(ops, result.statuses, strict=True):
                 self._on_add(op, index, bookie, status)
@@ -489,20 +540,23 @@ class LedgerWriter:
             for op in ops:
                 self._on_add(op, index, bookie, result)
 
-    def _on_add(self, op: _PendingAdd, index: int, bookie: str, result: Any) -> None:
+    def _on_add(self, op: PendingAdd, index: int, bookie: str, result: Any) -> None:
         """``result``: the add's status, or an exception / a response for a failed request."""
-        if op.entry_id <= self.last_add_confirmed and not (
-            type(result) is int and result == StatusCode.OK
-        ):  # acknowledged at AQ, and this copy is not there: under-replicated (BP-31)
-            self._short.add(bookie, op.entry_id)
+        ok = type(result) is int and result == StatusCode.OK
+        if not ok and self._pipe.is_short_copy(op):
+            self._short.add(bookie, op.entry_id)  # acknowledged at AQ, not here (BP-31)
         if self._ensemble[index] != bookie:
             return  # an answer from a bookie that was replaced
-        if type(result) is int and result == StatusCode.OK:
-            if not op.done and op.add_ack(index):
-                self._complete_in_order()
+        if ok:
+            if self._pipe.ack(op, index):
+                self._complete()
             return
-        if op.done and (self._closed or self._failed is not None):
-            return
+        if op.done and (
+            self._failed is not None
+            or (self.state is not WriterState.OPEN and not self._gwq)
+            or self.state is WriterState.CLOSED
+        ):
+            return  # (with GWQ a closing writer still needs its acknowledged adds at WQ)
         # A failure after the entry reached its ack quorum still replaces the bookie (as
         # BookKeeper does): a bookie that is slow or gone beyond the ack quorum must not
         # hold up the writer's backpressure (bookie_backlog_bytes_max) for ever.
@@ -510,16 +564,12 @@ class LedgerWriter:
         if status == StatusCode.TOO_MANY_REQUESTS or isinstance(result, TooManyRequestsError):
             # Overload, not failure: retry the same bookie after a backoff; only a bookie that
             # stays overloaded for the whole retry policy is replaced.
-            attempt = getattr(op, "overloads", 0) + 1
-            op.overloads = attempt
-            delay = self._overload_retry.delay_s(attempt, self.ctx.rng)
-            if delay is not None:
-                self._loop.call_later(delay, self._retry, op, index, bookie)
+            if self._retry_later(op, index, bookie):
                 return
             log.info("ledger %d: bookie %s still overloaded after %d retries", self.ledger_id,
-                     bookie, attempt - 1)  # fmt: skip
+                     bookie, op.overloads - 1)  # fmt: skip
             op.overloads = 0
-            self._bookie_failed(index, bookie)
+            self._bookie_failed(op, index, bookie)
         elif status == StatusCode.FENCED:
             self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recoverer"))
         elif status == StatusCode.UNAUTHORIZED:
@@ -527,30 +577,35 @@ class LedgerWriter:
         else:
             why = result if isinstance(result, BaseException) else _status_name(status)
             log.info("ledger %d: bookie %s failed an add (%s)", self.ledger_id, bookie, why)
-            self._bookie_failed(index, bookie)
+            self._bookie_failed(op, index, bookie)
 
-    def _retry(self, op: _PendingAdd, index: int, bookie: str) -> None:
-        if not op.done and self._ensemble[index] == bookie and self._failed is None:
+    def _retry_later(self, op: PendingAdd, index: int, bookie: str) -> bool:
+        """Send ``op`` to ``bookie`` again after a backoff; False once the policy is spent."""
+        attempt = getattr(op, "overloads", 0) + 1
+        op.overloads = attempt
+        delay = self._overload_retry.delay_s(attempt, self.ctx.rng)
+        if delay is None:
+            return False
+        self._loop.call_later(delay, self._retry, op, index, bookie)
+        return True
+
+    def _retry(self, op: PendingAdd, index: int, bookie: str) -> None:
+        if self._ensemble[index] != bookie or self._failed is not None:
+            return
+        if not op.done or (self._gwq and op.entry_id > self._pipe.last_add_fully_replicated):
             self._send(op, index)
 
-    def _complete_in_order(self) -> None:
-        if self._changing:
-            # Hold completions during an ensemble change (BookKeeper's changingEnsemble): an
-            # ack from a bookie being replaced must not complete an entry that the new
-            # segment (starting at LAC + 1) assigns to its replacement.
-            return
-        pending = self._pending
+    def _complete(self) -> None:
+        """Tell the callers of the adds the pipeline acknowledged; wake waiters for room."""
+        pipe = self._pipe
         first = self.last_add_confirmed
-        while pending and pending[0].completed:
-            op = pending.popleft()
-            assert op.entry_id == self.last_add_confirmed + 1  # ordered completion
-            self.last_add_confirmed = op.entry_id
-            self.length += len(op.payload)
-            self._pending_bytes -= len(op.payload)
+        for op in pipe.complete():
             self._finish(op, None)
         if self.last_add_confirmed != first:
             self._count_completed(self.last_add_confirmed - first)
         self._room.set()  # waiters re-check their own size
+        if pipe.failed_bookies and self._failed is None:
+            self._start_change()  # releases may have unpinned a failed bookie
 
     def _count_completed(self, count: int) -> None:
         stats = self.ctx.stats
@@ -559,7 +614,7 @@ class LedgerWriter:
             stats.add_latency.observe(perf_counter() - self._timed_at)
             self._timed_entry = -1
 
-    def _finish(self, op: _PendingAdd, error: BaseException | None) -> None:
+    def _finish(self, op: PendingAdd, error: BaseException | None) -> None:
         """Tell ``op``'s caller it completed or failed: a future at once (it runs its
         callbacks in a later loop turn itself), a callback at the end of this loop turn, in
         order. Not at once: the answers that arrived together are all processed first (a
@@ -570,7 +625,7 @@ class LedgerWriter:
         if op.future is not None:
             op.finish(error)
             return
-        if error is None and not self._pending and not self._to_tell:
+        if error is None and not self._pipe.unacked and not self._to_tell:
             op.finish(None)
             return
         op.done = True
@@ -587,43 +642,58 @@ class LedgerWriter:
     def _fail(self, exc: BaseException) -> None:
         if self._failed is None:
             self._failed = exc
+            if self._gwq and not self._pipe.drained:
+                # Entries may be below WQ: closing the ledger is a recovery's job now.
+                self._unclosable = exc
+            if self.state in (WriterState.OPEN, WriterState.CLOSING):
+                self._move(WriterState.FAILED)
             self._lac_task.cancel()  # a failed writer has no LAC to send any more
         self._fail_pending(exc)
 
     def _fail_pending(self, exc: BaseException) -> None:
-        pending, self._pending = list(self._pending), collections.deque()
-        self._pending_bytes = 0
-        for op in pending:
-            if not op.done:
-                self._finish(op, exc)
+        for op in self._pipe.take_all():
+            self._finish(op, exc)
         self._room.set()
 
     # --- ensemble change ------------------------------------------------------------------
 
-    def _bookie_failed(self, index: int, bookie: str) -> None:
-        if index in self._failed_bookies or self._failed is not None:
+    def _bookie_failed(self, op: PendingAdd, index: int, bookie: str) -> None:
+        if self._failed is not None:
             return
-        self._failed_bookies[index] = bookie
-        if self._change_task is None or self._change_task.done():
-            self._change_task = asyncio.get_running_loop().create_task(self._change_ensemble())
+        pipe = self._pipe
+        pipe.fail_bookie(index, bookie)
+        self._start_change()
+        if index in pipe.pinned() and not self._retry_later(op, index, bookie):
+            # A pinned bookie cannot be replaced until the adds it holds reach WQ; if those
+            # need this very bookie and it keeps failing, the writer cannot go on.
+            self._fail(WriteQuorumTimeoutError(
+                f"ledger {self.ledger_id}: bookie {bookie} holds acknowledged entries below "
+                "the write quorum and keeps failing; the ledger stays open for recovery"
+            ))  # fmt: skip
+
+    def _start_change(self) -> None:
+        task = self._change_task
+        if (task is None or task.done()) and self._pipe.replaceable():
+            self._change_task = self._loop.create_task(self._change_ensemble())
 
     async def _change_ensemble(self) -> None:
+        pipe = self._pipe
         try:
-            while self._failed_bookies and self._failed is None:
-                failed = dict(self._failed_bookies)
-                self._changing |= set(failed)
+            while self._failed is None:
+                failed = pipe.begin_change()
+                if not failed:
+                    return  # none, or only pinned ones: _complete starts a round later
                 await self._replace(failed)
-                for index in failed:
-                    self._failed_bookies.pop(index, None)
-                self._changing -= set(failed)
-                self._resend(failed)
-                self._complete_in_order()
+                self._resend(failed, pipe.replaced(failed))
+                self._complete()
                 if self.ctx.config.mark_short_copies:
                     await self._short.report()
         except BookKeeperError as exc:
+            pipe.abort_change()
             log.warning("ledger %d: ensemble change failed: %s", self.ledger_id, exc)
             self._fail(exc)
         except Exception as exc:  # a bug: the writer fails loudly instead of hanging its adds
+            pipe.abort_change()
             log.exception("ledger %d: ensemble change failed", self.ledger_id)
             self._fail(BookKeeperError(f"ledger {self.ledger_id}: ensemble change failed: {exc!r}"))
 
@@ -639,6 +709,7 @@ class LedgerWriter:
             new[index] = self.ctx.placement.replace_bookie(
                 new, index, self._wq, bookies, self.ctx.rng, exclude
             )
+        pipe = self._pipe
 
         def add_segment(v: Versioned) -> LedgerMetadata:
             md: LedgerMetadata = v.value
@@ -646,7 +717,8 @@ class LedgerWriter:
                 raise LedgerClosedError(f"ledger {self.ledger_id} was closed by another client")
             if md.state is LedgerState.IN_RECOVERY:
                 raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered")
-            return md.with_ensemble_change(self.last_add_confirmed + 1, tuple(new))
+            # Stable while this change runs: completions and releases wait for it.
+            return md.with_ensemble_change(pipe.segment_start, tuple(new))
 
         self._versioned = await update_ledger(
             self.ctx.metadata, self.ledger_id, add_segment,
@@ -656,30 +728,37 @@ class LedgerWriter:
         self._ensemble = new
         self._backlog_credit = -1  # the replacements' backlogs are not in it
 
-    def _resend(self, replaced: dict[int, str]) -> None:
+    def _resend(self, replaced: dict[int, str], resend: dict[int, list[PendingAdd]]) -> None:
         for index in replaced:  # adds held for the old bookie: all pending ones go again
             self._queued.pop(index, None)
             self._queued_bytes.pop(index, None)
-        for op in list(self._pending):
-            for index in op.write_set:
-                if index in replaced:
-                    op.remove(index)
-                    self._send(op, index)
+        for index, ops in resend.items():
+            for op in ops:
+                self._send(op, index)
 
-    # --- explicit LAC ---------------------------------------------------------------------
+    # --- explicit LAC and LAFR ------------------------------------------------------------
 
     async def _explicit_lac_loop(self) -> None:
         interval = self.ctx.config.explicit_lac_interval_s
+        pipe = self._pipe
         while True:
             self._idle = True
             await asyncio.sleep(interval)
-            lac = self.last_add_confirmed
-            if self._idle and not self._pending and lac > self._lac_sent and self._failed is None:
+            if self._failed is not None:
+                continue
+            lac = pipe.last_add_confirmed
+            if self._idle and not pipe.unacked and lac > self._lac_sent:
                 proof = LacProof.explicit(self.ledger_id, lac)
                 for bookie in self._ensemble:
                     self.ctx.pool.send(bookie, WriteLacRequest, self.ledger_id, self._key, lac,
                                        proof.digest, callback=_ignore)  # fmt: skip
                 self._lac_sent = lac
+            lafr = pipe.last_add_fully_replicated
+            if lafr > self._lafr_sent:  # guaranteed write quorum only (else always -1)
+                for bookie in self._ensemble:
+                    self.ctx.pool.send(bookie, WriteLafrRequest, self.ledger_id, self._key,
+                                       lafr, callback=_ignore)  # fmt: skip
+                self._lafr_sent = lafr
 
 
 def _status_name(status: Any) -> str:
@@ -690,4 +769,5 @@ def _status_name(status: Any) -> str:
 
 
 def _ignore(result: Any) -> None:
-    """Explicit LAC writes are best effort: a reader falls back to the piggybacked LAC."""
+    """Explicit LAC and LAFR writes are best effort: a reader falls back to the piggybacked
+    LAC, a recovery to the first entry of the last segment."""

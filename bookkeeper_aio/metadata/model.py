@@ -137,6 +137,9 @@ class LedgerMetadata:
     # BP-31's archival bit: set by a backup application once it has copied the ledger; with
     # the cluster option require_archival_before_delete, only archived ledgers may be deleted.
     archived: bool = False
+    # Seed 001: every entry of a closed ledger, and every entry outside the last segment of
+    # an open one, has WQ copies (docs/protocol.md, "Guaranteed write quorum").
+    guaranteed_write_quorum: bool = False
 
     def __post_init__(self) -> None:
         if type(self.ledger_id) is not int or not 0 <= self.ledger_id <= MAX_LEDGER_ID:
@@ -149,6 +152,8 @@ class LedgerMetadata:
                 f"last_entry_id {self.last_entry_id} / length {self.length} out of range"
             )
         self._check_segments()
+        if type(self.guaranteed_write_quorum) is not bool:
+            raise IncorrectParameterError("guaranteed_write_quorum must be a bool")
         for key, value in self.custom_metadata.items():
             if not isinstance(key, str) or not isinstance(value, bytes):
                 raise IncorrectParameterError("custom metadata maps str keys to bytes values")
@@ -287,6 +292,8 @@ class LedgerMetadata:
             k: base64.b64encode(v).decode() for k, v in sorted(self.custom_metadata.items())
         }
         doc["format_version"] = FORMAT_VERSION
+        if not self.guaranteed_write_quorum:  # the default: the bytes of older ledgers
+            del doc["guaranteed_write_quorum"]
         return json.dumps(doc, sort_keys=True).encode()
 
     @classmethod

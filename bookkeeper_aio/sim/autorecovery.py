@@ -284,7 +284,15 @@ class AutorecoveryAgents:
         self.history.note(f"autorecovery replaced bookies of ledger {lid}: {new.ensembles}")
         started = self._job_started(lid)
         for (first, before), (_, after) in zip(old.ensembles, new.ensembles, strict=True):
-            racks = [self.rack(b) for b in after]
+            # A member the worker could not see registered when its job started has no rack
+            # for it (autorecovery/replacement.py's _rack): it must not count against the
+            # choice (seed 54: a bookie down during the job shared the chosen one's rack).
+            racks = [
+                self.rack(b)
+                if self.registered_since.get(b, float("inf")) <= started
+                else f"/unavailable/{b}"
+                for b in after
+            ]
             for i, (a, b) in enumerate(zip(before, after, strict=True)):
                 if a == b:
                     continue

@@ -21,6 +21,11 @@ and report :class:`Violation` objects, named after the TLA+ invariants
 * **OnlyValidFragments** — a ledger's segments before its last one never change, and no new
   segment starts before the last one (BookKeeper #2615).
 * **Liveness** — after the faults stop, every ledger gets closed and read back in bounded time.
+* **ClosedLedgerEntriesAtWriteQuorum** — guaranteed write quorum ledgers (seed 001): every
+  entry of a closed one, and every entry outside the last segment of an open one, has WQ
+  copies in its write set; and at every metadata change, every acknowledged entry still has
+  AQ copies in the ensemble the new metadata assigns it (what pinning guarantees). Only in
+  runs whose crashes cannot lose acknowledged data, like AllCommittedEntriesReachAckQuorum.
 """
 
 from __future__ import annotations
@@ -199,6 +204,82 @@ def check_all(world: World, history: History, *, quorum_check: bool) -> None:
         md = versioned.value
         _no_divergence(history, md, h)
         _readable(world, history, md, h, quorum_check=quorum_check)
+        if quorum_check and md.guaranteed_write_quorum:
+            ClosedLedgerEntriesAtWriteQuorum(world, history).check(md)
+
+
+class ClosedLedgerEntriesAtWriteQuorum:
+    """Guaranteed write quorum's invariant (see the module docstring).
+
+    :meth:`check` runs with the other state invariants; :meth:`install` also checks every
+    metadata change the moment it is written (an ensemble change that swapped out a bookie
+    holding an acknowledged entry below WQ is visible only until the replacement stores it).
+    """
+
+    NAME = "ClosedLedgerEntriesAtWriteQuorum"
+
+    def __init__(self, world: World, history: History) -> None:
+        self.world = world
+        self.history = history
+
+    def install(self) -> None:
+        """Chain :meth:`on_metadata` after the world's metadata observer."""
+        previous = self.world.state.on_metadata
+
+        def observe(ledger_id: int, versioned: Versioned | None) -> None:
+            if previous is not None:
+                previous(ledger_id, versioned)
+            if versioned is not None and versioned.value.guaranteed_write_quorum:
+                self.on_metadata(versioned.value)
+
+        self.world.state.on_metadata = observe
+
+    def check(self, md: LedgerMetadata) -> None:
+        """WQ copies of every entry of a closed ledger / outside an open one's last segment."""
+        last = md.last_entry_id if md.is_closed else md.ensembles[-1][0] - 1
+        sent = self.history.ledger(md.ledger_id).sent
+        for entry_id in range(last + 1):
+            holders = self._holders(md, entry_id, sent.get(entry_id))
+            if holders is not None and len(holders) < md.write_quorum:
+                where = "closed" if md.is_closed else "outside the last segment of open"
+                self.history.violate(
+                    self.NAME,
+                    f"ledger {md.ledger_id} entry {entry_id} ({where} ledger): only "
+                    f"{holders} hold it (WQ {md.write_quorum})",
+                )
+                return
+
+    def on_metadata(self, md: LedgerMetadata) -> None:
+        """At a metadata change: acknowledged entries keep AQ copies in their ensemble."""
+        h = self.history.ledgers.get(md.ledger_id)
+        if h is None:
+            return
+        self.check(md)
+        for entry_id in range(md.ensembles[-1][0], h.last_acked + 1):
+            holders = self._holders(md, entry_id, h.sent.get(entry_id))
+            if holders is not None and len(holders) < md.ack_quorum:
+                self.history.violate(
+                    self.NAME,
+                    f"ledger {md.ledger_id} entry {entry_id}: acknowledged, and the new "
+                    f"ensemble {md.ensembles[-1][1]} leaves it on {holders} (AQ "
+                    f"{md.ack_quorum}): a bookie that held it was swapped out",
+                )
+                return
+
+    def _holders(
+        self, md: LedgerMetadata, entry_id: int, payload: bytes | None
+    ) -> list[str] | None:
+        """The members of the entry's write set holding it; None if a member's disk is gone
+        for good (what it held is unknowable, and not the protocol's doing)."""
+        ensemble = md.ensemble_at(entry_id)
+        holders = []
+        for i in write_set(entry_id, md.ensemble_size, md.write_quorum):
+            node = self.world.bookie_at(ensemble[i])
+            if node is not None and (node.lost or node.disk.failed):
+                return None
+            if _holds(self.world, ensemble[i], md, entry_id, payload):
+                holders.append(ensemble[i])
+        return holders
 
 
 def _no_divergence(history: History, md: LedgerMetadata, h: LedgerHistory) -> None:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .autorecovery import maybe_enable
-from .checkers import History, Violation
+from .checkers import ClosedLedgerEntriesAtWriteQuorum, History, Violation
+from .gwq import GWQ_BUGS
 from .logs import LOG_BUGS
 from .loop import Deadlock, Livelock, VirtualTimeLoop
 from .workload import Run, Scenario, draw_scenario
@@ -36,6 +37,7 @@ KNOWN_BUGS = (
     "no-fence-on-boot",
     *LOG_BUGS,
     "replication-ignores-placement",
+    *GWQ_BUGS,
 )
 
 
@@ -84,6 +86,8 @@ def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
     maybe_enable(seed, scenario)  # its own generator: other seeds play as before
     world.calm_rates_changed()
     run = Run(world, scenario, history)
+    if run.quorum_check:
+        ClosedLedgerEntriesAtWriteQuorum(world, history).install()
     loop.set_exception_handler(lambda _loop, ctx: _unhandled(history, ctx))
     try:
         loop.run_until_complete(_bounded(run.play()))

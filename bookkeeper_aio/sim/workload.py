@@ -34,6 +34,7 @@ from typing import Any
 from ..errors import BookKeeperError
 from ..quorum import write_set
 from .checkers import History, check_all
+from .gwq import GwqCoin
 from .logs import LogAct
 from .world import Faults, World, close_client
 
@@ -174,6 +175,7 @@ class Run:
         self.sc = scenario
         self.history = history
         self.rng = random.Random(world.rng.getrandbits(64))
+        self.gwq_coin = GwqCoin(world.seed)  # guaranteed write quorum ledgers (sim/gwq.py)
         self.ledger_ids: list[int] = []
         self.tasks: list[asyncio.Task[None]] = []
         # Without the journal a power loss drops acknowledged copies until the integrity
@@ -257,12 +259,14 @@ class Run:
 
     async def _write_ledger(self, bk, name: str) -> None:  # type: ignore[no-untyped-def]
         h, rng, (e, wq, aq) = self.history, self.rng, self.sc.quorum
-        writer = await bk.create_ledger(e, wq, aq, PASSWORD)
+        gwq = self.gwq_coin(wq, aq)
+        writer = await bk.create_ledger(e, wq, aq, PASSWORD, guaranteed_write_quorum=gwq)
         lid = writer.ledger_id
         self.ledger_ids.append(lid)
         h.ledger(lid)
         h.note(
-            f"{name} created ledger {lid} E{e}/WQ{wq}/AQ{aq} on {writer.metadata.ensembles[0][1]}"
+            f"{name} created ledger {lid} E{e}/WQ{wq}/AQ{aq}{' GWQ' if gwq else ''} "
+            f"on {writer.metadata.ensembles[0][1]}"
         )
         self.spawn(self._tailer(lid), f"tailer-{lid}")
         outstanding: list[asyncio.Future[int]] = []
@@ -469,7 +473,8 @@ class Run:
                 ensemble = writer.statistics()["ensemble"]
                 # Prefer a bookie that already acknowledged a pending add (god's view): its
                 # copy is the one that counts until the others arrive.
-                ackers = {ensemble[i] for op in writer._pending for i in op.acked}
+                pipe = writer._pipe
+                ackers = {ensemble[i] for op in (*pipe.unreleased, *pipe.unacked) for i in op.acked}
                 self._power_cut(sorted(ackers) or ensemble)
                 return
             await asyncio.sleep(0.004)
