@@ -4,12 +4,14 @@ engine, a clock the test moves): what is deleted, what is kept, who confirms, th
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
 from bookkeeper_aio.bookie.gc import GarbageCollector
+from bookkeeper_aio.bookie.server import Bookie
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.engine import LedgerInfo
 from bookkeeper_aio.errors import ConfigError, IncorrectParameterError, MetadataFormatError
@@ -24,6 +26,7 @@ from bookkeeper_aio.metadata.tombstones import (
 )
 from bookkeeper_aio.shell import cluster
 from engines.memory import MemoryEngine
+from tests.wire import bookie_config
 
 ME, PEER = "127.0.0.1:3181", "127.0.0.1:3182"
 ENSEMBLE = (ME, PEER)
@@ -94,6 +97,7 @@ async def test_only_explicitly_tombstoned_ledgers_are_deleted(store):
     again = await gc.collect()  # nothing more to do; orphans still kept and counted
     assert again["ledgers_deleted"] == 0 and again["orphans"] == 2 and len(checkpoints) == 1
     assert gc.statistics()["ledgers_deleted"] == 1 and gc.statistics()["passes"] == 2
+    json.dumps([figures, gc.statistics()])  # JSON-able: what PUT /api/v1/bookie/gc returns
 
 
 async def test_the_last_confirmation_removes_the_tombstone(store):
@@ -192,5 +196,34 @@ async def test_list_tombstones_shows_who_is_awaited():
         assert line == f"{lid}\tdeleted_ms={clock.ms}\tconfirmed 1/2\twaiting for {PEER}"
         doc = json.loads(await cluster.list_tombstones(uri, as_json=True))
         assert (doc["ledger_id"], doc["confirmed"], doc["bookies"]) == (lid, [ME], [ME, PEER])
+    finally:
+        MemoryMetadataStore.forget(name)
+
+
+async def test_a_bookie_collects_on_demand_and_reports_it(tmp_path):
+    """``Bookie.collect_garbage`` (what ``PUT /api/v1/bookie/gc`` calls): one pass through
+    the bookie's own journal checkpoint and storage, its figures also in ``statistics()``."""
+    name = uuid.uuid4().hex
+    uri = f"memory://{name}"
+    try:
+        async with open_metadata_store(uri) as s:
+            await s.init_cluster()
+            config = bookie_config(tmp_path, metadata_uri=uri, gc_interval_s=0)
+            async with Bookie.serve(config) as bookie:
+                engine = bookie.engine
+                v = await s.create_ledger(
+                    lambda i: LedgerMetadata(i, 1, 1, 1, ((0, (config.bookie_id,)),))
+                )
+                lid = v.value.ledger_id
+                engine.put_ledger(lid, LedgerInfo(b"k" * 20))
+                engine.put_entry(lid, 0, b"entry")
+                await _tombstone(s, lid, int(time.time() * 1000))
+                figures = await bookie.collect_garbage()
+                assert figures["ledgers_deleted"] == 1 and figures["tombstones_removed"] == 1
+                assert engine.ledgers() == [] and await read_tombstone(s, lid) is None
+                assert bookie.statistics()["gc"]["last_pass"] == figures
+        async with Bookie.serve(bookie_config(tmp_path / "alone")) as alone:
+            with pytest.raises(RuntimeError, match="needs a metadata store"):
+                await alone.collect_garbage()
     finally:
         MemoryMetadataStore.forget(name)

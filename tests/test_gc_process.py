@@ -205,3 +205,39 @@ async def test_orphans_are_kept_and_reported_archival_and_bad_deletes(tmp_path, 
         assert [r.payload for r in await bk.read_log("orders")] == [b"one"]
         await bk.delete_log("orders")  # the log's own path deletes it
         assert await read_tombstone(bk.ctx.metadata, segment.ledger_id) is not None
+
+
+async def test_a_bookie_away_longer_than_the_ttl_keeps_what_it_cannot_check(tmp_path, etcd_uri):
+    """The tombstone expires while a bookie is down; back, it cannot tell the ledger from
+    an orphan: it keeps it and says why (BP-31: decommission it and add it as new)."""
+    async with open_metadata_store(etcd_uri) as store:
+        await store.init_cluster()
+    flags = ("--metadata", etcd_uri, "--set", "lease_ttl_s=2", "--set", "gc_interval_s=0.3",
+             "--set", "checkpoint_interval_s=0.5", "--set", "tombstone_ttl_s=3")  # fmt: skip
+    procs = [BookieProcess(tmp_path / f"b{i}", "rocksdb", *flags) for i in range(3)]
+    try:
+        for p in procs:
+            p.start()
+        await wait_registered(etcd_uri, 3)
+        async with BookKeeper.connect(etcd_uri, CLIENT) as bk:
+            written = await _write(bk, 1)
+            (ledger_id,) = written
+            await _passes_after(etcd_uri, procs)
+            away = procs[0]
+            assert away.stop() == 0
+            await bk.delete_ledger(ledger_id)
+            async with open_metadata_store(etcd_uri) as store:
+
+                async def expired() -> bool:  # the others confirmed; the TTL removed it
+                    return await read_tombstone(store, ledger_id) is None
+
+                await _wait_for(expired, "the tombstone expired")
+            away.start()
+            await _passes_after(etcd_uri, procs)
+            await read_back(away.address, ledger_id, written[ledger_id])  # kept
+            log = away.log.read_text()
+            assert "longer than tombstone_ttl_s" in log and "cannot check" in log
+            assert str(ledger_id) in log.split("longer than tombstone_ttl_s", 1)[1]
+    finally:
+        for p in procs:
+            p.stop()
