@@ -248,7 +248,7 @@ def test_scrub_with_and_without(tmp_path):
         "--dir", str(tmp_path), timeout_s=120,
     )  # fmt: skip
     assert result["without_scrub_entries_per_s"] > 0 and result["with_scrub_entries_per_s"] > 0
-    assert result["scrubbed_bytes_per_pass"] > 0 and result["errors"] == 0
+    assert result["scrubbed_bytes"] > 0 and result["errors"] == 0
     assert result["ratio_entries_per_s_scrub_vs_none"] > 0
 
 
