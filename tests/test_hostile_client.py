@@ -427,3 +427,17 @@ async def test_a_recovery_close_keeps_a_replacement_made_while_it_ran(tmp_path, 
             reader = await bk2.open_ledger(writer.ledger_id, password=b"pw")
         assert reader.is_closed and reader.last_add_confirmed == 4
         assert reader.metadata.ensembles[0][1][1] == spare  # kept, not undone
+
+
+def test_a_copy_of_another_entry_is_not_the_entry_asked_for():
+    """A bookie answering a read of entry 4 with entry 5 (a valid digest for 5) gets no pass:
+    every reader, recovery and copier checks copies with entry_ok."""
+    from bookkeeper_aio.client.reads import entry_ok
+    from bookkeeper_aio.digest import entry_digest
+    from bookkeeper_aio.protocol import ReadResponse as Read
+
+    payload = b"the fifth entry"
+    five = Read(1, 0, 9, 5, 4, payload, entry_digest(9, 5, 4, payload), None)
+    assert entry_ok(9, 5, five)
+    assert not entry_ok(9, 4, five)
+    assert not entry_ok(8, 5, five)  # and a copy of another ledger's entry

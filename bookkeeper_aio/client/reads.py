@@ -56,11 +56,14 @@ BAD_COPY_STATUSES = frozenset({StatusCode.OK, StatusCode.IO_ERROR, StatusCode.BA
 Repair = Callable[[int, ReadResponse, list[str]], None]
 
 
-def entry_ok(ledger_id: int, response: Any) -> bool:
-    """True if ``response`` is an OK read whose payload matches its digest."""
+def entry_ok(ledger_id: int, entry_id: int, response: Any) -> bool:
+    """True if ``response`` is an OK read of entry ``entry_id`` whose payload matches its
+    digest. The id is checked too: a bookie answering with another entry (its digest valid
+    for that entry) must not pass for the one asked."""
     return (
         type(response) is ReadResponse
         and response.status == StatusCode.OK
+        and response.entry_id == entry_id
         and response.payload is not None
         and response.digest
         == entry_digest(ledger_id, response.entry_id, response.entry_lac, response.payload)
@@ -89,7 +92,7 @@ async def read_copy(
     autorecovery)."""
     for bookie in sources:
         response = await request(ctx, bookie, ReadRequest, ledger_id, entry_id, 0, None, -1, 0)
-        if entry_ok(ledger_id, response):
+        if entry_ok(ledger_id, entry_id, response):
             return response
     return None
 
@@ -162,7 +165,7 @@ async def read_entry(
                 continue
             for task in done:
                 result = task.result()
-                if entry_ok(lid, result):
+                if entry_ok(lid, entry_id, result):
                     if bad and repair is not None:
                         repair(entry_id, result, bad)
                     return LedgerEntry(entry_id, result.payload)
@@ -201,7 +204,7 @@ async def long_poll(
         result = await request(ctx, bookie, ReadRequest, *fields, timeout_s=timeout_s)
         if type(result) is ReadResponse and result.status == StatusCode.OK:
             lac = proof_lac(md.ledger_id, result.lac_proof)
-            ok = entry_ok(md.ledger_id, result)
+            ok = entry_ok(md.ledger_id, entry_id, result)
             entry = LedgerEntry(entry_id, result.payload) if ok else None
             return max(lac, previous_lac), entry
     return previous_lac, None

@@ -255,7 +255,7 @@ class _ReadAhead:
         def answered(result: Any) -> None:
             if self._closed or len(statuses) >= len(members):
                 return  # closed, or decided before this answer
-            good = entry_ok(md.ledger_id, result)
+            good = entry_ok(md.ledger_id, entry_id, result)
             status = getattr(result, "status", None)
             statuses.append(StatusCode.OK if good else (None if status == 0 else status))
             decision = recovery_read_decision(
