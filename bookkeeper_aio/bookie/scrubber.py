@@ -114,7 +114,11 @@ class Scrubber:
                 await self._wanted.wait()
             self._wanted.clear()
             next_start = loop.time() + self.interval_s
-            await self.scrub_pass()
+            try:
+                await self.scrub_pass()
+            except Exception:  # e.g. listing the ledgers failed: the next pass tries again
+                self.counters["pass_failures"] += 1
+                log.exception("bookie %s: scrub pass failed", self.bookie_id)
 
     async def scrub_pass(self) -> None:
         """Check every stored entry once; repair or report what is bad."""
