@@ -8,7 +8,8 @@ data dir (a temporary dir unless one is given). :meth:`EtcdServer.start` launche
 and waits until each answers ``/health`` (on timeout or early exit the error carries the tail
 of that member's log); :meth:`EtcdServer.stop` sends SIGTERM, then SIGKILL, and removes a
 temporary data dir. :meth:`restart` stops and starts the same members on the same ports and
-data (tests use it to check that clients ride out an etcd restart).
+data (tests use it to check that clients ride out an etcd restart); :meth:`wipe` does the same
+with the data deleted (a lost metadata store).
 
 Use it as ``with EtcdServer() as etcd:`` (pytest fixtures, the sandbox) or
 ``async with EtcdServer() as etcd:`` (start/stop run in a thread, off the event loop).
@@ -277,6 +278,14 @@ class EtcdServer:
     def restart(self, kill: bool = False) -> None:
         """Stop (SIGTERM, or SIGKILL with ``kill``) and start again: same ports, same data."""
         self._stop_processes(kill)
+        self.start()
+
+    def wipe(self) -> None:
+        """Stop, delete every member's data and start again empty on the same ports: the
+        metadata store lost entirely (tests of ``shell recover-metadata``)."""
+        self._stop_processes(kill=True)
+        for i in range(self.members):
+            shutil.rmtree(self.data_dir / f"m{i}", ignore_errors=True)
         self.start()
 
     def __enter__(self) -> Self:

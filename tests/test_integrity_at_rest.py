@@ -13,7 +13,7 @@ from bookkeeper_aio.bookie.scrubber import Scrubber
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.digest import entry_digest, pack_entry_record, payload_digest
 from bookkeeper_aio.engine import LedgerInfo
-from bookkeeper_aio.errors import MetadataFormatError, StatusCode
+from bookkeeper_aio.errors import BookKeeperError, MetadataFormatError, StatusCode
 from bookkeeper_aio.metadata.ledger_record import (
     Held,
     decode_record,
@@ -22,6 +22,7 @@ from bookkeeper_aio.metadata.ledger_record import (
     rebuild,
     unpack_held,
 )
+from bookkeeper_aio.metadata.memory import MemoryMetadataStore
 from bookkeeper_aio.metadata.model import LedgerMetadata, LedgerState
 from bookkeeper_aio.protocol import (
     READ_FLAG_FENCE,
@@ -31,6 +32,7 @@ from bookkeeper_aio.protocol import (
     ReadRequest,
     ScrubRequest,
 )
+from bookkeeper_aio.shell.recover import recover_metadata
 from engines import open_engine
 
 from .test_bookie_handler import KEY, L, ManualJournal
@@ -161,3 +163,11 @@ async def test_a_scrub_pass_finds_every_bad_copy_and_reports_what_it_cannot_repa
     done = b.send(ScrubRequest(2, False))
     assert (done.passes_started, done.passes_done, done.ledgers_done) == (1, 1, 1)
     assert (done.entries_checked, done.bad_copies, done.repaired, done.unrepaired) == (5, 2, 0, 2)
+
+
+async def test_recover_metadata_with_no_bookie_to_ask_is_a_clear_error():
+    try:
+        with pytest.raises(BookKeeperError, match="no bookie to ask"):
+            await recover_metadata("memory://recover-none", False, [])
+    finally:
+        MemoryMetadataStore.forget("recover-none")

@@ -97,7 +97,7 @@ MESSAGES = st.one_of(
     st.builds(ScrubRequest, i64, st.booleans()),
     st.builds(ScrubResponse, i64, *[i64] * 10),
     st.builds(LedgerRecordsRequest, i64, ids, i64),
-    st.builds(LedgerRecordsResponse, i64, i64, st.lists(blob, max_size=4), i64),
+    st.builds(LedgerRecordsResponse, i64, i64, st.lists(blob, max_size=2), i64),
 )
 ADDS = st.one_of(
     st.builds(AddRequest, i64, ids, i64, i64, blob, i64, blob, u64),

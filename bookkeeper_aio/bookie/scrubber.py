@@ -114,11 +114,28 @@ class Scrubber:
                 await self._wanted.wait()
             self._wanted.clear()
             next_start = loop.time() + self.interval_s
-            await self.scrub_pass()
+            try:
+                await self.scrub_pass()
+            except Exception:  # e.g. listing the ledgers failed: the next pass tries again
+                self.counters["pass_failures"] += 1
+                log.exception("bookie %s: scrub pass failed", self.bookie_id)
 
     async def scrub_pass(self) -> None:
-        """Check every stored entry once; repair or report what is bad."""
+        """Check every stored entry once; repair or report what is bad. The pass counts as
+        done however it ends (a caller waiting for it is not left waiting)."""
         self.passes_started += 1
+        try:
+            await self._pass()
+        finally:
+            self.passes_done += 1
+        p = self.progress
+        self.counters["passes"] += 1
+        log.info("bookie %s: scrub pass %d done: %d entries (%d bytes) checked, %d bad copies, "
+                 "%d repaired, %d not repaired", self.bookie_id, self.passes_done,
+                 p["entries_checked"], p["bytes_checked"], p["bad_copies"], p["repaired"],
+                 p["unrepaired"])  # fmt: skip
+
+    async def _pass(self) -> None:
         ledgers = self.handler.engine.ledgers()
         self.progress = Counter(ledgers_total=len(ledgers))
         log.info("bookie %s: scrub pass %d: %d ledgers", self.bookie_id, self.passes_started,
@@ -134,13 +151,6 @@ class Scrubber:
                 self.counters["ledger_failures"] += 1
                 log.exception("bookie %s: scrub of ledger %d failed", self.bookie_id, ledger_id)
             self.progress["ledgers_done"] += 1
-        self.passes_done += 1
-        self.counters["passes"] += 1
-        p = self.progress
-        log.info("bookie %s: scrub pass %d done: %d entries (%d bytes) checked, %d bad copies, "
-                 "%d repaired, %d not repaired", self.bookie_id, self.passes_done,
-                 p["entries_checked"], p["bytes_checked"], p["bad_copies"], p["repaired"],
-                 p["unrepaired"])  # fmt: skip
 
     async def _metadata(self, ledger_id: int) -> LedgerMetadata | None:
         """The ledger's metadata (keeping its record current), None if there is none."""
