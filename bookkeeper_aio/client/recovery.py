@@ -190,11 +190,14 @@ async def _read_forward(
 
 
 class _ReadAhead:
-    """Fencing reads of the entries from ``first`` on, each from its whole write set (the
-    ensemble as recovery started), with at most ``ahead`` entries issued and not yet taken;
-    every entry decided by :func:`~bookkeeper_aio.quorum.recovery_read_decision` as its
-    answers arrive (callbacks, no task per request). Nothing past an entry that decided
-    anything but RECOVERABLE is issued."""
+    """Fencing reads of the entries from ``first`` on, from their write sets (the ensemble
+    as recovery started), with at most ``ahead`` entries issued and not yet taken; every entry
+    decided by :func:`~bookkeeper_aio.quorum.recovery_read_decision` as its answers arrive
+    (callbacks, no task per request). An entry is asked of the first member of its write set
+    and of the others only when that answer is not a good copy (BookKeeper's sequential
+    recovery reads): one good copy decides it, and every answer that counts as a negative
+    still comes from a fencing read. Nothing past an entry that decided anything but
+    RECOVERABLE is issued."""
 
     def __init__(self, ctx: ClientContext, md: LedgerMetadata, key: bytes, first: int,
                  ahead: int) -> None:  # fmt: skip
@@ -267,10 +270,12 @@ class _ReadAhead:
             if decision is not ReadDecision.PENDING:
                 statuses.extend([None] * (len(members) - len(statuses)))  # decided: no more
                 self._decide(entry_id, decision, result if good else None)
+            elif len(statuses) == 1:  # the first copy was not good: ask the rest
+                for index in members[1:]:
+                    self.ctx.pool.send(ensemble[index], ReadRequest, *fields, callback=answered)
 
         fields = (md.ledger_id, entry_id, *self._fields)
-        for index in members:
-            self.ctx.pool.send(ensemble[index], ReadRequest, *fields, callback=answered)
+        self.ctx.pool.send(ensemble[members[0]], ReadRequest, *fields, callback=answered)
 
     def _decide(self, entry_id: int, decision: ReadDecision, response: Any) -> None:
         self._decided[entry_id] = (decision, response)
