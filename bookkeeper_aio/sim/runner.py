@@ -23,6 +23,7 @@ from .autorecovery import maybe_enable
 from .checkers import History, Violation
 from .logs import LOG_BUGS
 from .loop import Deadlock, Livelock, VirtualTimeLoop
+from .races import maybe_race
 from .workload import Run, Scenario, draw_scenario
 from .world import Faults, World
 
@@ -82,6 +83,7 @@ def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
     world.state.on_metadata = history.metadata_written
     scenario = draw_scenario(world.rng, faults)
     maybe_enable(seed, scenario)  # its own generator: other seeds play as before
+    maybe_race(seed, scenario, faults)  # the same
     world.calm_rates_changed()
     run = Run(world, scenario, history)
     loop.set_exception_handler(lambda _loop, ctx: _unhandled(history, ctx))
