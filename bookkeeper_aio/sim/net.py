@@ -11,11 +11,12 @@ listeners and connections exactly as on TCP and their asyncio ``Protocol`` objec
 The unit of delivery is one ``write``: both sides only ever write whole frames (the bookie
 coalesces a loop iteration's replies into one ``writelines``), so dropping, duplicating or
 reordering a write never cuts a frame. Per write, in this order: a partition between the two
-nodes, a loss aimed at the link (``drop_next``, ``cut_after``) or ``loss_rate`` drops it (the connection
-stays up: the sender's request times out, as with a stalled TCP connection); otherwise it arrives after ``latency_s`` (uniform) plus the
-extra latency of slow endpoints and of a slow link (one direction); ``reorder_rate`` adds up
-to ``reorder_delay_s`` and lets the
-write overtake earlier ones (writes otherwise keep FIFO order per direction);
+nodes, a loss aimed at the link (``drop_next``: the next n writes; ``cut_after``: every write
+after the next n) or ``loss_rate`` drops it (the connection stays up: the sender's request
+times out, as with a stalled TCP connection); otherwise it arrives after ``latency_s``
+(uniform) plus the extra latency of slow endpoints and of a slow link (one direction);
+``reorder_rate`` adds up to ``reorder_delay_s`` and lets the write overtake earlier ones
+(writes otherwise keep FIFO order per direction);
 ``duplicate_rate`` delivers it a second time. The first write of a connection (the handshake)
 is never lost, duplicated or reordered: the point is to test the protocol, not the handshake.
 
