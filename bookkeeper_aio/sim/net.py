@@ -11,11 +11,12 @@ listeners and connections exactly as on TCP and their asyncio ``Protocol`` objec
 The unit of delivery is one ``write``: both sides only ever write whole frames (the bookie
 coalesces a loop iteration's replies into one ``writelines``), so dropping, duplicating or
 reordering a write never cuts a frame. Per write, in this order: a partition between the two
-nodes or ``loss_rate`` drops it (the connection stays up: the sender's request times out, as
-with a stalled TCP connection); otherwise it arrives after ``latency_s`` (uniform) plus the
-extra latency of slow endpoints and of a slow link (one direction); ``reorder_rate`` adds up
-to ``reorder_delay_s`` and lets the
-write overtake earlier ones (writes otherwise keep FIFO order per direction);
+nodes, a loss aimed at the link (``drop_next``: the next n writes; ``cut_after``: every write
+after the next n) or ``loss_rate`` drops it (the connection stays up: the sender's request
+times out, as with a stalled TCP connection); otherwise it arrives after ``latency_s``
+(uniform) plus the extra latency of slow endpoints and of a slow link (one direction);
+``reorder_rate`` adds up to ``reorder_delay_s`` and lets the write overtake earlier ones
+(writes otherwise keep FIFO order per direction);
 ``duplicate_rate`` delivers it a second time. The first write of a connection (the handshake)
 is never lost, duplicated or reordered: the point is to test the protocol, not the handshake.
 
@@ -54,6 +55,10 @@ class SimNetwork:
         self.partitions: set[frozenset[str]] = set()
         self.slow_s: dict[str, float] = {}  # node -> extra latency of all its traffic
         self.slow_link_s: dict[tuple[str, str], float] = {}  # (src, dst) -> extra latency
+        # (src, dst) -> how many of the next writes on that link are lost (not the handshake)
+        self.drop_next: Counter[tuple[str, str]] = Counter()
+        # (src, dst) -> how many more writes pass; every later one is lost (until removed)
+        self.cut_after: dict[tuple[str, str], int] = {}
         self.transports: list[SimTransport] = []
         self.counters: Counter[str] = Counter()
 
@@ -72,6 +77,8 @@ class SimNetwork:
         self.partitions.clear()
         self.slow_s.clear()
         self.slow_link_s.clear()
+        self.drop_next.clear()
+        self.cut_after.clear()
 
     def kill_node(self, node: str) -> None:
         """``node`` crashed: its listeners vanish and every connection of it is reset."""
@@ -172,7 +179,7 @@ class SimTransport(asyncio.Transport):
         net, faults, rng = self.net, self.net.faults, self.net.rng
         first = self._writes == 0
         self._writes += 1
-        if net.cut(self.local, self.remote) or (not first and rng.random() < faults.loss_rate):
+        if net.cut(self.local, self.remote) or (not first and self._dropped()):
             net.counters["lost"] += 1
             return
         data = bytes(data)
@@ -188,6 +195,17 @@ class SimTransport(asyncio.Transport):
             net.counters["duplicated"] += 1
             again = now + net.latency(self.local, self.remote) + faults.reorder_delay_s
             self._loop.call_at(again, self.peer.deliver, data)
+
+    def _dropped(self) -> bool:
+        link = (self.local, self.remote)
+        if self.net.drop_next[link] > 0:
+            self.net.drop_next[link] -= 1
+            return True
+        passing = self.net.cut_after.get(link)
+        if passing is not None:
+            self.net.cut_after[link] = passing - 1
+            return passing <= 0
+        return self.net.rng.random() < self.net.faults.loss_rate
 
     def writelines(self, list_of_data: Any) -> None:
         self.write(b"".join(list_of_data))

@@ -24,6 +24,7 @@ from .checkers import ClosedLedgerEntriesAtWriteQuorum, History, Violation
 from .gwq import GWQ_BUGS
 from .logs import LOG_BUGS
 from .loop import Deadlock, Livelock, VirtualTimeLoop
+from .races import maybe_race
 from .workload import Run, Scenario, draw_scenario
 from .world import Faults, World
 
@@ -84,6 +85,7 @@ def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
     world.state.on_metadata = history.metadata_written
     scenario = draw_scenario(world.rng, faults)
     maybe_enable(seed, scenario)  # its own generator: other seeds play as before
+    maybe_race(seed, scenario, faults)  # the same
     world.calm_rates_changed()
     run = Run(world, scenario, history)
     if run.quorum_check:

@@ -78,6 +78,8 @@ class Scenario:
     check_interval_s: float = 0.1
     # Autorecovery seeds (sim/autorecovery.py: racks, lost bookies, DurabilityContract).
     autorecovery: Any = None
+    # Race seeds (sim/races.py: ensemble changes racing a writer's death, lost fences).
+    race: Any = None
 
 
 def draw_scenario(rng: random.Random, faults: Faults) -> Scenario:
@@ -185,6 +187,9 @@ class Run:
         self.last_power_loss_s = -1e9
         self.client_names: list[str] = []
         self.writers: dict[int, object] = {}  # ledger id -> its LedgerWriter (god's view)
+        # ledger id -> (its writer's client name, the task writing it): race seeds kill it
+        self.sessions: dict[int, tuple[str, asyncio.Task[Any]]] = {}
+        self.draining: dict[int, int] = {}  # ledger id -> writer's LAC when it sent its last add
         self.healing = False  # the fault phase is over
         self.power_losses = 0
         self.acked_copies_lost = 0  # acknowledged copies that power losses took away
@@ -218,6 +223,10 @@ class Run:
             self.spawn(self._recoverer(k), f"recoverer-{k}")
         faults = asyncio.create_task(self._faults(), name="faults")
         self.spawn(self._blips(), "blips")
+        if sc.race is not None:
+            from .races import RaceAgent
+
+            self.spawn(RaceAgent(self, sc.race).play(), "races")
         await asyncio.sleep(sc.fault_phase_s)
         await faults
         self.history.note("heal: faults stop, every bookie restarts")
@@ -245,17 +254,29 @@ class Run:
 
     async def _writer(self, index: int) -> None:
         loop = asyncio.get_running_loop()
-        busy = self.sc.storm or self.sc.power_storm
+        busy = self.sc.storm or self.sc.power_storm or self.sc.race is not None
         for k in range(self.sc.ledgers_per_writer + 8 * busy):
             if k >= self.sc.ledgers_per_writer and loop.time() > self.sc.fault_phase_s:
                 break  # a storm's writers start new ledgers until the faults stop
             bk = self._client(f"writer-{index}-{k}")
             try:
-                await self._write_ledger(bk, f"writer-{index}-{k}")
+                await self._session(bk, f"writer-{index}-{k}")
             except (BookKeeperError, TimeoutError) as exc:
                 self.history.note(f"writer-{index}-{k}: {type(exc).__name__}: {exc}")
             finally:
                 await close_client(bk)
+
+    async def _session(self, bk, name: str) -> None:  # type: ignore[no-untyped-def]
+        if self.sc.race is None:
+            return await self._write_ledger(bk, name)  # (no extra task: seeds play as before)
+        # Its own task: the race agent may kill it (the process dies; see kill_writer).
+        session = asyncio.create_task(self._write_ledger(bk, name), name=f"session-{name}")
+        try:
+            await asyncio.wait([session])
+        finally:
+            session.cancel()  # (this agent was cancelled: so is its session)
+        if not session.cancelled() and (exc := session.exception()) is not None:
+            raise exc
 
     async def _write_ledger(self, bk, name: str) -> None:  # type: ignore[no-untyped-def]
         h, rng, (e, wq, aq) = self.history, self.rng, self.sc.quorum
@@ -275,9 +296,12 @@ class Run:
         # Bursts of adds with pauses between them, spread over the fault phase.
         pause_s = self.sc.fault_phase_s / self.sc.ledgers_per_writer / (entries / window + 1)
         self.writers[lid] = writer
+        self.sessions[lid] = (name, asyncio.current_task())  # type: ignore[assignment]
+        carried = -1  # the LAC the last add carried
         for n in range(entries):
             payload = f"{lid}:{n}".encode()
             h.sent(lid, n, payload)
+            carried = writer.last_add_confirmed
             future = writer.append_nowait(payload)
             future.add_done_callback(lambda f, n=n: self._on_ack(lid, n, f))
             outstanding.append(future)
@@ -285,8 +309,11 @@ class Run:
                 await outstanding.pop(0)
             if rng.random() < 1 / window:
                 await asyncio.sleep(rng.expovariate(1 / pause_s))
+        self.draining[lid] = carried  # all sent; the writer's LAC may move past it
         for future in outstanding:
             await future
+        if self.sc.race is not None:  # it pauses before closing (race seeds' strikes)
+            await asyncio.sleep(rng.uniform(0.05, 0.3))
         if rng.random() < 1 - self.sc.vanish_share:
             await writer.close()
             h.writer_closed(lid, writer.last_add_confirmed)
@@ -295,6 +322,14 @@ class Run:
             if self.sc.power_cut_share and rng.random() < self.sc.power_cut_share:
                 # The same power cut takes one of its bookies down (same rack).
                 self._power_cut(writer.statistics()["ensemble"])
+
+    def kill_writer(self, lid: int) -> None:
+        """The process writing ``lid`` dies: its session stops and its connections reset,
+        dropping what it had in flight (its client is shut down by its agent)."""
+        name, session = self.sessions[lid]
+        session.cancel()
+        self.world.net.kill_node(name)
+        self.history.note(f"{name} dies with ledger {lid} open")
 
     def _on_ack(self, lid: int, n: int, future: asyncio.Future[int]) -> None:
         if future.cancelled() or future.exception() is not None:
