@@ -368,8 +368,12 @@ async def test_recovery_past_a_hung_bookie_takes_one_timeout_not_one_per_entry(c
     # Defect 14: a recovering client connected to a SIGSTOPped bookie of the last ensemble
     # waited a whole request timeout per entry: each write-back waited for its whole write set
     # and entries were written back one at a time (30 entries: 60 s at a 2 s timeout).
+    # Windows of 8 entries: recovery reads an entry from its first replica, then the others
+    # (BookKeeper's sequential recovery reads), so a hung first replica must cost one
+    # speculative wait, not a timeout per window.
     timeout_s = 2.0
-    config = ClientConfig(request_timeout_s=timeout_s, speculative_read_timeout_s=0.2)
+    config = ClientConfig(request_timeout_s=timeout_s, speculative_read_timeout_s=0.2,
+                          recovery_reads_parallel_max=8)  # fmt: skip
     quiet = config.replace(explicit_lac_interval_s=600)  # the bookies learn no LAC
     async with BookKeeper.connect(cluster.uri, quiet) as bk:
         writer = await bk.create_ledger(3, 3, 2, password=b"pw")

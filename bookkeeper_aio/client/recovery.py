@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -196,7 +197,9 @@ class _ReadAhead:
     (callbacks, no task per request). An entry is asked of the first member of its write set
     and of the others only when that answer is not a good copy (BookKeeper's sequential
     recovery reads): one good copy decides it, and every answer that counts as a negative
-    still comes from a fencing read. Nothing past an entry that decided anything but
+    still comes from a fencing read. A first member that has not answered within
+    ``speculative_read_timeout_s`` gets the others asked too, and from then on is asked
+    together with them (:meth:`_speculate`). Nothing past an entry that decided anything but
     RECOVERABLE is issued."""
 
     def __init__(self, ctx: ClientContext, md: LedgerMetadata, key: bytes, first: int,
@@ -211,6 +214,10 @@ class _ReadAhead:
         self._stopped = False  # an entry decided other than RECOVERABLE: issue nothing more
         self._closed = False
         self._wake: asyncio.Future[None] | None = None
+        # Entries asked of their first member only: entry -> (that bookie, when, ask the rest).
+        self._first_only: dict[int, tuple[str, float, Callable[[], None]]] = {}
+        self._slow: set[str] = set()  # first members that did not answer in time: ask all
+        self._speculate_at: asyncio.TimerHandle | None = None
         self._fill()
 
     async def take(self, count: int) -> tuple[list[Any], bool]:
@@ -243,6 +250,32 @@ class _ReadAhead:
     def close(self) -> None:
         """Ignore every answer still to come (their requests end by themselves)."""
         self._closed = True
+        if self._speculate_at is not None:
+            self._speculate_at.cancel()
+
+    def _speculate(self) -> None:
+        """Ask the rest of the write set of every entry whose first member has not answered
+        within ``speculative_read_timeout_s`` (as a reader's speculative read), and from now
+        on ask all members at once where that bookie comes first: a hung bookie costs the
+        recovery one such wait, not one per window."""
+        self._speculate_at = None
+        if self._closed:
+            return
+        now, wait_s = asyncio.get_running_loop().time(), self.ctx.config.speculative_read_timeout_s
+        # The same sum as the timer's: ``at <= now - wait_s`` can miss by a rounding error, and
+        # the timer then fired again and again at the same (simulated) time.
+        late = [e for e, (_, at, _) in self._first_only.items() if at + wait_s <= now]
+        for entry_id in late:
+            bookie, _, ask_rest = self._first_only.pop(entry_id)
+            self._slow.add(bookie)
+            ask_rest()
+        self._schedule_speculation()
+
+    def _schedule_speculation(self) -> None:
+        if self._speculate_at is None and self._first_only and not self._closed:
+            first_at = min(at for _, at, _ in self._first_only.values())
+            delay = first_at + self.ctx.config.speculative_read_timeout_s
+            self._speculate_at = asyncio.get_running_loop().call_at(delay, self._speculate)
 
     def _fill(self) -> None:
         while not self._stopped and self._next < self._taken + self.ahead:
@@ -267,15 +300,30 @@ class _ReadAhead:
             )  # fmt: skip
             if decision is ReadDecision.PENDING and len(statuses) == len(members):
                 decision = ReadDecision.UNDECIDED
+            self._first_only.pop(entry_id, None)
             if decision is not ReadDecision.PENDING:
                 statuses.extend([None] * (len(members) - len(statuses)))  # decided: no more
                 self._decide(entry_id, decision, result if good else None)
-            elif len(statuses) == 1:  # the first copy was not good: ask the rest
+            else:  # the first copy was not good: ask the rest
+                ask_rest()
+
+        asked_rest = False
+
+        def ask_rest() -> None:
+            nonlocal asked_rest
+            if not asked_rest:
+                asked_rest = True
                 for index in members[1:]:
                     self.ctx.pool.send(ensemble[index], ReadRequest, *fields, callback=answered)
 
         fields = (md.ledger_id, entry_id, *self._fields)
-        self.ctx.pool.send(ensemble[members[0]], ReadRequest, *fields, callback=answered)
+        first = ensemble[members[0]]
+        self.ctx.pool.send(first, ReadRequest, *fields, callback=answered)
+        if first in self._slow:
+            ask_rest()
+        elif len(statuses) < len(members) and not asked_rest:  # not answered at once
+            self._first_only[entry_id] = (first, asyncio.get_running_loop().time(), ask_rest)
+            self._schedule_speculation()
 
     def _decide(self, entry_id: int, decision: ReadDecision, response: Any) -> None:
         self._decided[entry_id] = (decision, response)
