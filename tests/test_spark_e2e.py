@@ -268,7 +268,7 @@ def test_bad_input_is_refused_on_the_driver_before_any_task_runs(spark, cluster_
             write_to_log(ids.withColumnRenamed("id", "value"), cluster_uri, log)
         with pytest.raises(NoSuchLogError, match="create=True"):
             write_to_log(numbered(spark, 10), cluster_uri, "no-such-log")
-        with pytest.raises(ConfigError, match="etcd://HOST:PORT"):
+        with pytest.raises(ConfigError, match=r"etcd\[s\]://\[USER:PASSWORD@\]HOST:PORT"):
             write_to_log(numbered(spark, 10), "etcd:/nowhere", log)
         with pytest.raises(Exception, match=r"no 'value' column"):
             ids.write.format("bookkeeper").option("metadata", cluster_uri).option("log", log).mode(
