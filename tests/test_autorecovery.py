@@ -6,6 +6,7 @@ marks) as properties."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -200,6 +201,38 @@ def test_a_reader_repairs_a_corrupt_copy_itself_and_leaves_no_mark() -> None:
         await close_client(bk)
         assert bad.stored(lid, 0) == b"e0"  # written back by the read (read repair)
         assert not await marks(world)
+
+    simulate(body)
+
+
+def test_a_bookie_that_cannot_store_the_missing_copies_is_replaced() -> None:
+    """A live bookie lacks the entries a mark names and its disks failed: it lists the ledger
+    as absent but refuses every copy (IO_ERROR). Filling it in place can never succeed, so
+    the worker replaces it (sim seed 392: the mark stayed for ever)."""
+
+    async def body(world: World) -> None:
+        lid = await write(world, 3)
+        bad = world.bookie_at(world.ledger(lid).value.ensembles[0][1][2])
+        drop_entries(bad, lid)  # it knows the ledger but lacks its entries ...
+
+        def eio(*args: Any) -> None:
+            raise OSError(errno.EIO, "simulated: every write fails")
+
+        engine = bad.storage.engine  # ... and cannot store any: writes fail with EIO
+        engine.put_entry = engine.put_entries = eio
+        missing = Missing(bad.address, ("write failed after ack quorum",), 1, ((0, 2),))
+        await mark_under_replicated(world.metadata_store(), lid, [missing], now_ms=1)
+        ar = SimAutorecovery(world, "ar", CONFIG)
+        ar.start()
+        for _ in range(100):
+            await asyncio.sleep(0.2)
+            if not await marks(world):
+                break
+        else:
+            raise AssertionError(f"mark not drained: {await marks(world)}")
+        md = world.ledger(lid).value
+        assert bad.address not in md.bookies() and await complete(world, lid)
+        assert ar.service.worker.counters["replacements"] == 1
 
     simulate(body)
 

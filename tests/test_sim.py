@@ -32,23 +32,10 @@ def _quiet() -> Iterator[None]:
     logger.setLevel(level)  # later tests check what is logged (caplog)
 
 
-# Open defects the sweep found, each with the one violation it shows (docs/simulation.md,
-# "Known open defects"): the sweep asserts they still fail exactly so, and nothing else fails.
-KNOWN_OPEN = {
-    # A ledger closed at entry 0 after an ensemble change its close dropped (segments [0, 1]
-    # -> [0]) keeps an under-replication mark no worker drains; found on the merge of the
-    # rebuilt writer with autorecovery and GC, not debugged yet.
-    392: "DurabilityContract",
-}
-
-
 def test_sweep_without_bugs_finds_nothing() -> None:
     results = list(sweep(_seeds()))
-    bad = [r.report() for r in results if not r.ok and r.seed not in KNOWN_OPEN]
+    bad = [r.report() for r in results if not r.ok]
     assert not bad, "\n\n".join(bad[:3])
-    for r in results:
-        if r.seed in KNOWN_OPEN:  # still failing, and only the way it is known to
-            assert {v.invariant for v in r.violations} == {KNOWN_OPEN[r.seed]}, r.report()
     # ... although it includes journal-less runs whose power losses took acknowledged copies
     # away (BP-46: the limbo protocol and the repair must make up for them).
     if len(results) >= 200:

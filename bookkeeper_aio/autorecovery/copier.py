@@ -33,7 +33,19 @@ class ReplicationError(BookKeeperError):
     code = -200  # BookKeeper's ReplicationException
 
 
-__all__ = ["RateLimiter", "ReplicationError", "copy_entries"]
+class TargetRefused(ReplicationError):
+    """The target answered a copy with an error that says it cannot store it (its disks are
+    out of service, it is read-only): copies must go elsewhere."""
+
+    def __init__(self, message: str, target: str, status: str) -> None:
+        super().__init__(message)
+        self.target, self.status = target, status
+
+
+# What a target answers when it cannot store any copy (not: busy, or the request lost).
+CANNOT_STORE = frozenset({"IO_ERROR", "READ_ONLY"})
+
+__all__ = ["CANNOT_STORE", "RateLimiter", "ReplicationError", "TargetRefused", "copy_entries"]
 
 
 async def copy_entries(
@@ -50,8 +62,9 @@ async def copy_entries(
     """Copy every entry of ``entry_ids`` to ``target`` (see the module docstring).
 
     Raises:
-        ReplicationError: an entry had no good copy on its sources, or the target refused it;
-            the other pumps stop (what they copied stays: the next attempt skips it).
+        ReplicationError: an entry had no good copy on its sources, or the target refused it
+            (:class:`TargetRefused` when it cannot store copies at all); the other pumps
+            stop (what they copied stays: the next attempt skips it).
     """
 
     async def pump() -> None:
@@ -65,9 +78,10 @@ async def copy_entries(
             await limiter.acquire(len(copy.payload))
             why = await write_copy(ctx, ledger_id, master_key, target, copy)
             if why is not None:
-                raise ReplicationError(
-                    f"ledger {ledger_id}: {target} refused entry {entry_id}: {why}"
-                )
+                message = f"ledger {ledger_id}: {target} refused entry {entry_id}: {why}"
+                if why in CANNOT_STORE:
+                    raise TargetRefused(message, target, why)
+                raise ReplicationError(message)
             counters["entries_copied"] += 1
             counters["bytes_copied"] += len(copy.payload)
 

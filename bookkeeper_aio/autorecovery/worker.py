@@ -18,8 +18,10 @@ process's lease (a dead worker's locks expire with its lease). For one ledger (a
    (copier.py: from good replicas, digest verified, recovery adds, rate-limited), then the
    fragment's ensemble is swapped by compare-and-swap.
 5. **Fill in place** what live bookies lack (an add that failed after AQ, a bookie formatted
-   again), and rewrite the entries a mark names on a live bookie whose copy reads back bad
-   (a reader's report): copies to the same bookie, no metadata change.
+   again); a bookie that refuses the copies because it cannot store any (IO_ERROR, READ_ONLY:
+   its disks failed) is replaced as in 4 instead. Then rewrite the entries a mark names on a
+   live bookie whose copy reads back bad (a reader's report): copies to the same bookie, no
+   metadata change.
 6. **Verify** with a second check; only a complete one deletes the mark, and only at the
    version read, so a report merged meanwhile keeps it for another round.
 
@@ -63,8 +65,8 @@ from ..metadata.underreplication import (
     update_mark,
 )
 from . import fragments as fr
-from .checker import LedgerCheck, check_ledger, list_present
-from .copier import RateLimiter, ReplicationError, copy_entries
+from .checker import LedgerCheck, Row, check_ledger, list_present
+from .copier import RateLimiter, ReplicationError, TargetRefused, copy_entries
 from .replacement import choose, commit
 from .state import decommissioning, lost_bookies
 
@@ -267,7 +269,12 @@ class ReplicationWorker:
             check = await check_ledger(self.ctx, md, view.registered, view.unusable)
             job.failing = {r.bookie for r in check.rows if r.status == "error"}
             await self._replace(job, md, check, view)
-            await self._fill_in_place(job, md, check, view)
+            refused = await self._fill_in_place(job, md, check, view)
+            if refused:  # they cannot store copies: replaced like bookies answering errors
+                job.failing |= {r.bookie for r in refused}
+                md = (await self.store.read_ledger(lid)).value
+                await self._replace(job, md, LedgerCheck(lid, refused), view)
+                md = (await self.store.read_ledger(lid)).value
             await self._repair_named(job, md, view)
             if await self._verified(job) and await self._done(job):
                 return
@@ -353,19 +360,30 @@ class ReplicationWorker:
 
     async def _fill_in_place(
         self, job: _Job, md: LedgerMetadata, check: LedgerCheck, view: ClusterView
-    ) -> None:
+    ) -> tuple[Row, ...]:
+        """Copy to live bookies what they lack; return the rows (as ``error``) of bookies that
+        cannot store copies (a failed disk, read-only): they must be replaced instead, or the
+        mark would stay for ever (a ledger closed inside its first fragment keeps its bookies)."""
         by_fragment = {f.first: f for f in fr.fragments(md)}
+        refused: list[Row] = []
         for r in check.rows:
             if r.status == "missing" and r.missing:
-                await self._copy(job, md, by_fragment[r.first], r.bookie, r.missing, view)
+                try:
+                    await self._copy(job, md, by_fragment[r.first], r.bookie, r.missing, view)
+                except TargetRefused as exc:
+                    log.warning("worker %s: %s; replacing it", self.worker_id, exc)
+                    refused.append(dataclasses.replace(r, status="error"))
+                    continue
                 self.counters["entries_filled_in_place"] += fr.count(r.missing)
+        return tuple(refused)
 
     async def _repair_named(self, job: _Job, md: LedgerMetadata, view: ClusterView) -> None:
         """Entries a mark names on a live bookie (a reader saw an error or a corrupt copy)
         are read back from it; a copy that is not good is written again (BP-31: repair in
         the read path). Listing alone would count a corrupt copy as present."""
         for m in job.mark.value.missing:
-            if not m.entries or m.bookie not in view.registered or m.bookie in view.unusable:
+            if (not m.entries or m.bookie not in view.registered or m.bookie in view.unusable
+                    or m.bookie in job.failing):  # fmt: skip
                 continue
             for f in fr.fragments(md):
                 if f.last is None or m.bookie not in f.ensemble:

@@ -63,8 +63,11 @@ class _Faults:
         current ensemble and recovers that ledger at once, as when a bookie and the writer's
         host fail together."""
         rng = random.Random(f"{self.seed}/faults")
+        # Every kind strikes at least once, whatever the timing: until each has, the draw is
+        # among those still owed (a draw skipped for want of a victim stays owed).
+        owed = list(FAULTS)
         while not await _event_wait(self.stop_faults, rng.uniform(*FAULT_EVERY_S)):
-            action = rng.choices(FAULTS, weights=FAULT_WEIGHTS)[0]
+            action = rng.choice(owed) if owed else rng.choices(FAULTS, weights=FAULT_WEIGHTS)[0]
             delay = rng.uniform(*(FROZEN_S if action == "freeze" else DOWN_S))
             targeted = rng.random() < TARGETED_FRACTION and action != "restart"
             candidates = [
@@ -81,6 +84,8 @@ class _Faults:
             if len(self.unavailable) >= self.max_unavailable or not candidates:
                 continue
             victim = rng.choice(candidates)
+            if action in owed:
+                owed.remove(action)
             self.unavailable.add(victim)
             faults = {"kill": self.kill, "freeze": self.freeze, "restart": self.clean_restart}
             recover = None
