@@ -294,6 +294,10 @@ class BookieConfig(AutorecoverySettings):
     # A tombstone is removed after this long even if a bookie never confirmed it; a bookie
     # away longer than this keeps every ledger it cannot check (default 7 days).
     tombstone_ttl_s: float = 7 * 86_400.0
+    # Ledgers this bookie deleted, remembered (ids, in memory) so that a late add of a writer
+    # that outlived its ledger (a zombie, fenced before the delete) is refused as fenced
+    # instead of creating the ledger again: GC deleted the fence with the data.
+    deleted_ledgers_remembered_max: int = 100_000
 
     list_entries_max: int = 100_000  # entry ids per LIST_ENTRIES answer
 

@@ -232,6 +232,23 @@ def test_fence_rejects_normal_adds_but_accepts_recovery_adds():
     assert h.engine.get_ledger(L).fenced
 
 
+def test_a_deleted_ledger_is_not_created_again_by_a_late_add():
+    # Sim seed 917: a zombie writer's add reached its fenced bookies after GC had deleted the
+    # ledger (and its fence with it); the add created the ledger again and was acknowledged,
+    # an entry of a ledger closed before it.
+    h = Harness(deleted_ledgers_remembered_max=2)
+    h.add(0)
+    assert h.send(ReadLacRequest, L, READ_FLAG_FENCE, KEY).status == StatusCode.OK
+    h.handler.forget(L)  # what GC does, then the engine deletes the data
+    h.engine.delete_ledger(L)
+    assert h.add(1).status == StatusCode.FENCED
+    assert h.add(1, flags=ADD_FLAG_RECOVERY).status == StatusCode.NO_SUCH_LEDGER
+    assert h.engine.get_ledger(L) is None and h.engine.get_entry(L, 1) is None
+    for other in (L + 1, L + 2):  # bounded: the oldest deletes are forgotten first
+        h.handler.forget(other)
+    assert h.add(1).status == StatusCode.OK
+
+
 def test_fence_reply_waits_for_the_journal():
     h = Harness()
     h.add(0)

@@ -156,6 +156,8 @@ class RequestHandler:
         self.read_latency = new_histogram(timed)
         self._clock = perf_counter if timed else no_clock
         self._ledgers: dict[int, LedgerState] = {}  # oldest loaded first (evicted first)
+        # Ledgers deleted by GC, oldest first (bounded): their fence went with their data.
+        self._deleted: dict[int, None] = {}
         self._on_fatal = on_fatal
         # Set by the bookie: a ledger learned of (its metadata is to be read), the scrubber's
         # state as a ScrubResponse's counters (``start``: run a pass now).
@@ -309,11 +311,16 @@ class RequestHandler:
         self.journal.append(REC_LIMBO, limbo_body(ledger_id, state.master_key, limbo), done)
 
     def forget(self, ledger_id: int) -> None:
-        """Drop a deleted ledger from the cache (the engine deletes its data)."""
+        """Drop a deleted ledger from the cache (the engine deletes its data) and remember
+        that it was deleted: adds to it are refused from now on (see ``_add_entries``)."""
         state = self._ledgers.pop(ledger_id, None)
         if state is not None:
             state.move_to(LedgerView.DELETED)
             state.wake_waiters()
+        self._deleted.pop(ledger_id, None)
+        self._deleted[ledger_id] = None
+        while len(self._deleted) > self.config.deleted_ledgers_remembered_max:
+            del self._deleted[next(iter(self._deleted))]
 
     # --- add ------------------------------------------------------------------------------
 
@@ -461,7 +468,12 @@ class RequestHandler:
             return self._refused(statuses), []
         state = self.ledger(lid)
         refusal = None
-        if state is None:
+        if state is None and lid in self._deleted:
+            # A writer that outlived its ledger: the ledger was closed (its fence, deleted
+            # with the data, had refused this add) and then deleted. Creating it again would
+            # acknowledge an entry of a closed ledger (NoDivergenceBetweenClientAndMetaData).
+            refusal = StatusCode.NO_SUCH_LEDGER if recovery else StatusCode.FENCED
+        elif state is None:
             state = self._new_ledger(lid, key, LedgerView.ACTIVE)
             self.journal.append(REC_MASTER_KEY, ledger_body(lid, key), _ignore)
         elif not self._key_ok(state, key):

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from .runner import KNOWN_BUGS, quiet_logging, run_seed
+from .runner import KNOWN_BUGS, quiet_logging, sweep
 
 
 def _seed_range(text: str) -> range:
@@ -44,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-going", action="store_true", help="in a sweep, go on after the first violating seed"
     )
     parser.add_argument("--verbose", action="store_true", help="print each seed's trace")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes running seeds of a sweep in parallel (default: SIM_WORKERS, else one "
+        "per CPU); results are the same as with one",
+    )
     args = parser.parse_args(argv)
     if os.environ.get("PYTHONHASHSEED") != "0":
         # Determinism: set iteration order must not depend on the interpreter's hash seed.
@@ -52,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logging()
     seeds = range(args.seed, args.seed + 1) if args.seed is not None else args.seeds
     failed, started, virtual = [], time.perf_counter(), 0.0
-    for seed in seeds:
-        result = run_seed(seed, args.bug)
+    single = args.seed is not None
+    stop = not args.keep_going and not single
+    for result in sweep(seeds, args.bug, stop_at_first=stop, workers=1 if single else args.workers):
+        seed = result.seed
         virtual += result.virtual_s
         if args.seed is not None or args.verbose or not result.ok:
             print(
@@ -62,8 +72,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         if not result.ok:
             failed.append(seed)
-            if not args.keep_going and args.seed is None:
-                break
     wall = time.perf_counter() - started
     ran = seeds.index(failed[0]) + 1 if failed and not args.keep_going else len(seeds)
     print(
