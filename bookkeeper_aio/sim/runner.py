@@ -129,6 +129,21 @@ def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
     )
 
 
+def scenario_of(seed: int) -> Scenario:
+    """The scenario ``seed`` plays, drawn as :func:`run_seed` draws it, without playing it
+    (cheap: tests pick the seeds of one kind, e.g. race or autorecovery seeds)."""
+    faults = Faults()
+    loop = VirtualTimeLoop()  # the world's parts may look for a loop as they are built
+    try:
+        world = World(seed, faults, frozenset())
+        scenario = draw_scenario(world.rng, faults)
+        maybe_enable(seed, scenario)
+        maybe_race(seed, scenario, faults)
+    finally:
+        loop.close()
+    return scenario
+
+
 async def _bounded(coro: Any) -> None:
     async with asyncio.timeout(VIRTUAL_LIMIT_S):
         await coro
