@@ -68,6 +68,21 @@ class Model:
         }
 
 
+    def replaceable(self) -> list[int]:
+        """Failed, not pinned; with GWQ taken in index order only while every acknowledged,
+        unreleased entry keeps AQ holders outside those taken (the new segment takes it)."""
+        candidates = sorted(self.failed - self.pinned())
+        if not self.gwq:
+            return candidates
+        chosen: list[int] = []
+        for i in candidates:
+            gone = {*chosen, i}
+            unreleased = range(self.released, self.acknowledged)
+            if all(len(self.holders[k] - gone) >= self.aq for k in unreleased):
+                chosen.append(i)
+        return chosen
+
+
 def check(pipe: AddPipeline, model: Model) -> None:
     assert pipe.last_add_pushed == len(model.holders) - 1
     assert pipe.last_add_confirmed == model.acknowledged - 1
@@ -121,7 +136,7 @@ def test_the_pipeline_matches_the_model(q, gwq, events):
             model.failed.add(index)
         elif kind == "begin" and not model.changing:
             chosen_now = pipe.begin_change()
-            expected = sorted(model.failed - model.pinned())
+            expected = model.replaceable()
             assert sorted(chosen_now) == expected
             model.changing = set(expected)
             assert pipe.complete() == [] or not model.changing
@@ -187,3 +202,29 @@ def test_without_pinning_a_change_may_replace_a_holder_of_an_acknowledged_entry(
     assert pipe.begin_change() == {1: "b1"}
     pipe.replaced([1])
     assert op.acked == {0}  # acknowledged, and now on one bookie of its ensemble: below AQ
+
+
+def test_a_change_keeps_aq_holders_of_acknowledged_entries_it_carries():
+    """Sim seed 66: E4/WQ3/AQ2 with guaranteed write quorum, entry 0 below WQ (index 0 never
+    stored it) and entries 1-4 at WQ behind it, so the new segment starts at 0 and takes them
+    all. Replacing the failed members 0 and 3 together would leave entry 2 on index 2 alone;
+    only 0 goes now, 3 once the replacement holds copies."""
+    pipe = AddPipeline(4, 3, 2, guaranteed_write_quorum=True)
+    ops = [PendingAdd(k, k - 1, b"x", 0, b"", write_set(k, 4, 3), 2, None, None, True)
+           for k in range(5)]  # fmt: skip
+    for op in ops:
+        pipe.push(op)
+    for k, holders in enumerate([(1, 2), (1, 2, 3), (0, 2, 3), (0, 1, 3), (0, 1, 2)]):
+        for index in holders:
+            pipe.ack(ops[k], index)
+    assert [op.entry_id for op in pipe.complete()] == [0, 1, 2, 3, 4]
+    assert pipe.last_add_fully_replicated == -1 and pipe.pinned() == {1, 2}
+    for index in (1, 3, 0):
+        pipe.fail_bookie(index, f"b{index}")
+    assert pipe.begin_change() == {0: "b0"}
+    resend = pipe.replaced([0])
+    assert [op.entry_id for op in resend[0]] == [0, 2, 3, 4]
+    for op in resend[0]:
+        pipe.ack(op, 0)  # the replacement stores them: entry 0 reaches WQ, 0-4 are released
+    assert pipe.complete() == [] and pipe.last_add_fully_replicated == 4
+    assert pipe.begin_change() == {1: "b1", 3: "b3"}

@@ -218,13 +218,31 @@ class AddPipeline:
         return frozenset(i for i in range(self.ensemble_size) if mask >> i & 1)
 
     def replaceable(self) -> dict[int, str]:
-        """The failed bookies that may be replaced now (not pinned, not being replaced)."""
+        """The failed bookies that may be replaced now (not pinned, not being replaced).
+
+        With guaranteed write quorum the new segment starts at LAFR + 1, so it takes over
+        acknowledged adds that already had WQ copies (behind one that has not): a change may
+        only swap out members so that each of them keeps AQ holders in the new ensemble
+        (sim seed 66: two members replaced at once left an acknowledged entry on one
+        bookie). Failed members are taken in index order while that holds; the others wait
+        for a later round, once the replacements hold copies."""
         pinned = self.pinned()
-        return {
+        candidates = {
             i: b
             for i, b in sorted(self.failed_bookies.items())
             if i not in pinned and i not in self.changing
         }
+        if not candidates or not self.guaranteed_write_quorum or not self._pinning:
+            return candidates
+        masks = {op._acked for op in self.unreleased}
+        gone = sum(1 << i for i in self.changing)
+        chosen: dict[int, str] = {}
+        for index, bookie in candidates.items():
+            without = ~(gone | 1 << index)
+            if all((mask & without).bit_count() >= self.ack_quorum for mask in masks):
+                chosen[index] = bookie
+                gone |= 1 << index
+        return chosen
 
     def begin_change(self) -> dict[int, str]:
         """Start replacing the replaceable failed bookies; return them (empty: none now)."""

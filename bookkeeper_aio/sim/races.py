@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .workload import Run, Scenario
     from .world import Faults
 
-RACE_SHARE = 0.5  # of the seeds that are neither power storms nor autorecovery seeds
+RACE_SHARE = 0.75  # of the seeds that are neither power storms nor autorecovery seeds
 STRIKES = ("change-then-death", "lost-fence")
 RACE_QUORUMS = {
     "change-then-death": ((3, 3, 2), (4, 3, 2), (3, 3, 2), (2, 2, 2)),
@@ -73,7 +73,7 @@ def maybe_race(seed: int, sc: Scenario, faults: Faults) -> None:
     sc.bookies = max(sc.bookies, sc.quorum[0] + 3)
     sc.crashes = rng.randint(0, 2)  # the strikes crash bookies too (at most bookies - E down)
     sc.journal_write_data = True  # a crash loses no acknowledged copy (quorum checked)
-    sc.fault_phase_s = max(sc.fault_phase_s, 4.0)
+    sc.fault_phase_s = max(sc.fault_phase_s, 6.0)
     # Its own strikes are the recoveries that matter: a storm's recoverers would take most
     # ledgers first (its lossy, reordering network stays).
     sc.storm, sc.recoveries = False, rng.randint(1, 3)
@@ -83,7 +83,7 @@ def maybe_race(seed: int, sc: Scenario, faults: Faults) -> None:
     # Short ledgers, one after another (short pauses): many ends of ledgers to race.
     sc.entries_max, sc.ledgers_per_writer = rng.randint(4, 20), rng.randint(3, 6)
     sc.race = RacePlan(
-        strikes=rng.randint(3, 6),
+        strikes=rng.randint(6, 12),
         kinds=kinds,
         first_s=rng.uniform(0.1, 0.5),
     )
