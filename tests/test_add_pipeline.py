@@ -67,7 +67,6 @@ class Model:
             for i in self.holders[k]
         }
 
-
     def replaceable(self) -> list[int]:
         """Failed, not pinned; with GWQ taken in index order only while every acknowledged,
         unreleased entry keeps AQ holders outside those taken (the new segment takes it)."""
