@@ -55,12 +55,14 @@ class BodyDecoder:
     def __init__(self, bin_bytes_max: int, limits: DecodeLimits | None) -> None:
         self.limits = limits
         self._objects_left = 0
+        common: dict[str, Any]
         common = dict(raw=False, use_list=True, strict_map_key=True, max_bin_len=bin_bytes_max,
                       max_map_len=0, max_ext_len=0)  # fmt: skip
         # A small body may hold a wide operation's long field too (a multi-add of tiny parts).
         small_arrays = ARRAY_LEN_MAX
         if limits is not None:
             small_arrays = max([limits.array_len_max, *(n for _, n in limits.wide_fields.values())])
+        self.small_kwargs: dict[str, Any]
         self.small_kwargs = dict(common, max_str_len=STR_BYTES_MAX, max_array_len=small_arrays)
         if limits is not None:
             self._bounded = {
