@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, final
 
 import msgpack
 from xxhash import xxh3_64_intdigest
@@ -354,7 +354,7 @@ class _AddBatchResponseFields(NamedTuple):
     request_id: int
     status: int
     ledger_id: int
-    statuses: list[int]
+    statuses: Sequence[int]  # a list
 
 
 class AddBatchResponse(_AddBatchResponseFields):
@@ -546,6 +546,7 @@ Response = (
 Message = Request | Response
 
 
+@final  # no subclasses: ``type(x) is not BadFrame`` then tells a type checker x is a message
 class BadFrame(NamedTuple):
     """A correctly framed body that is not a valid message."""
 

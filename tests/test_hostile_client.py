@@ -119,6 +119,9 @@ NONSENSE: dict[str, tuple[Answer, type[BaseException]]] = {
     "a wrong response type": (lambda m: encode(WriteLacResponse(m.request_id, 0, 1)),
                               ProtocolError),
     "an unknown status": (lambda m: encode(AddResponse(m.request_id, 999, 1, 0)), ProtocolError),
+    # A request has no status: the client's complaint about it raised AttributeError.
+    "a request instead of an answer": (
+        lambda m: encode(AddRequest(m.request_id, 1, 0, 0, b"k", -1, b"p", 0)), ProtocolError),
     "an impossible status": (lambda m: encode(AddResponse(m.request_id, -1, 1, 0)),
                              ProtocolError),
     "an error saying OK": (lambda m: encode(ErrorResponse(m.request_id, 0, "fine")),

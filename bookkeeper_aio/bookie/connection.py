@@ -216,7 +216,7 @@ class BookieConnection(FramedConnection, Peer):
         if not self._greeted:
             self._hello(msg)
             return
-        if type(msg) is HelloRequest or msg.OP & RESPONSE_BIT:  # type: ignore[union-attr]
+        if type(msg) is HelloRequest or msg.OP & RESPONSE_BIT:
             what = "a second hello" if type(msg) is HelloRequest else "a response"
             self._answer(
                 ErrorResponse(msg.request_id, StatusCode.BAD_REQUEST, f"unexpected {what}")

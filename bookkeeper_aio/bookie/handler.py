@@ -163,7 +163,7 @@ class RequestHandler:
         self.scrub_control: Callable[[bool], Sequence[int]] | None = None
         self.trace: AddTrace | None = None  # benchmarks only: timestamps of every add
         self._inline = Peer()  # the peer of a request handed in without one
-        self._dispatch: dict[type, Callable[[Any, Reply, Peer], None]] = {
+        self._dispatch: dict[type, Callable[[Any, Reply, Peer], object]] = {
             AddRequest: self._add,
             AddBatchRequest: self._add_batch,
             MultiAddRequest: self._multi_add,
