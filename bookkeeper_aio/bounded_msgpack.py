@@ -89,7 +89,9 @@ class BodyDecoder:
             return msgpack.unpackb(body, **kw)
         return self._decode_wide(body, kw, *wide)
 
-    def _decode_wide(self, body: memoryview | bytes, kw: dict[str, Any], at: int, most: int):
+    def _decode_wide(
+        self, body: memoryview | bytes, kw: dict[str, Any], at: int, most: int
+    ) -> list[Any]:
         """``[op, ...]`` whose field ``at`` may be an array of up to ``most`` elements, each
         decoded on its own under the narrow limits."""
         unpacker = msgpack.Unpacker(max_buffer_size=len(body), **kw)

@@ -144,7 +144,7 @@ class BadDigestError(BookieStatusError):
 
 
 _BY_STATUS: dict[StatusCode, type[BookieStatusError]] = {
-    cls.status: cls  # type: ignore[misc]
+    cls.status: cls
     for cls in (
         NoSuchLedgerError,
         NoSuchEntryError,

@@ -489,7 +489,7 @@ class RequestHandler:
 
     # --- fence ----------------------------------------------------------------------------
 
-    def _fence(self, ledger_id: int, master_key: bytes | None, then: Callable[[int], None]):
+    def _fence(self, ledger_id: int, master_key: bytes | None, then: Callable[[int], None]) -> None:
         """Fence the ledger durably, then call ``then(status)``."""
         if master_key is None or len(master_key) != MASTER_KEY_BYTES:
             then(StatusCode.BAD_REQUEST)

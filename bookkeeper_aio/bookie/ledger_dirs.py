@@ -135,7 +135,7 @@ class LedgerDirs(ShardedEngine):
     """The bookie's engine over its ledger dirs (see the module docstring)."""
 
     def __init__(self, shards: Sequence[DirShard]) -> None:
-        super().__init__(shards)  # type: ignore[arg-type]
+        super().__init__(shards)
         self.dirs = list(shards)
         self.on_failed: OnFailed | None = None
         self._loop = asyncio.get_running_loop()

@@ -257,7 +257,9 @@ class BookieClient(FramedConnection):
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def request(self, msg_type: type[Request], *fields: Any, timeout_s: float | None = None):
+    def request(
+        self, msg_type: type[Request], *fields: Any, timeout_s: float | None = None
+    ) -> asyncio.Future[Any]:
         """Send ``msg_type(request_id, *fields)``; a future of the response (any status).
 
         Raises:

@@ -113,7 +113,7 @@ class LogAct:
         self.history.note(f"log act: {sc}")
         admin = self.run._client("log-admin")
         for name in self.names:
-            await self._retry(lambda n=name: admin.create_log(  # type: ignore[misc]
+            await self._retry(lambda n=name: admin.create_log(
                 n, ensemble_size=sc.quorum[0], write_quorum=sc.quorum[1],
                 ack_quorum=sc.quorum[2], segment_entries_max=sc.segment_entries_max,
                 retention_bytes=sc.retention_bytes, exist_ok=True,
