@@ -79,7 +79,7 @@ Record = bytes | memoryview
 class Engine(Protocol):
     """Ledger storage: entries and ledger infos, synchronous, with ``sync()`` as durability."""
 
-    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+    def put_entry(self, ledger_id: int, entry_id: int, record: Record) -> None:
         """Store (or overwrite) one entry's record."""
 
     def put_entries(

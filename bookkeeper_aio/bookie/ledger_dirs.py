@@ -64,7 +64,7 @@ class DirShard:
                 self.on_fail(self)
             raise
 
-    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+    def put_entry(self, ledger_id: int, entry_id: int, record: Record) -> None:
         self._call(self.engine.put_entry, ledger_id, entry_id, record)
 
     def put_entries(
