@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from ..config import MetadataConfig
@@ -352,7 +352,7 @@ class MemoryMetadataStore(MemoryKeys):
 
     async def watch_ledger(
         self, ledger_id: int, since_version: int = 0
-    ) -> AsyncIterator[Versioned | None]:
+    ) -> AsyncGenerator[Versioned | None, None]:
         await self._before()
         queue: asyncio.Queue[Versioned | None] = asyncio.Queue(self.config.watch_queue_max)
         watchers = self.state.ledger_watchers.setdefault(ledger_id, [])
@@ -397,7 +397,7 @@ class MemoryMetadataStore(MemoryKeys):
         await self._before()
         return self.state.snapshot()
 
-    async def watch_bookies(self) -> AsyncIterator[dict[str, BookieInfo]]:
+    async def watch_bookies(self) -> AsyncGenerator[dict[str, BookieInfo], None]:
         await self._before()
         queue: asyncio.Queue[dict[str, BookieInfo]] = asyncio.Queue(self.config.watch_queue_max)
         self.state.bookie_watchers.append(queue)
