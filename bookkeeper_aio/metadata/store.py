@@ -327,7 +327,7 @@ async def update_key(
             stored = await store.put(key, data, expected_version=current.version)
             return Versioned(new, stored.version)
         except MetadataVersionError as exc:
-            current = decode(exc.current)  # type: ignore[arg-type]
+            current = decode(exc.current)
         except MetadataUnavailableError:
             # The write may have landed and only its reply been lost: look (this read may
             # fail too, and then the caller sees the store is unavailable).
