@@ -73,9 +73,9 @@ async def measure_gwq(
         for gwq, pair in runs.items():
             result[f"{'gwq' if gwq else 'normal'}_{condition}"] = _mean(pair)
     for condition in ("healthy", "slow"):
-        normal, gwq = result.get(f"normal_{condition}"), result.get(f"gwq_{condition}")
-        if normal and gwq:
-            result[f"ratio_{condition}"] = _ratios(gwq, normal)
+        normal, guaranteed = result.get(f"normal_{condition}"), result.get(f"gwq_{condition}")
+        if normal and guaranteed:
+            result[f"ratio_{condition}"] = _ratios(guaranteed, normal)
     return result
 
 
@@ -166,7 +166,7 @@ def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One mode's phases as one: means (the larger of maxima; errors added up)."""
     out = dict(runs[0])
     for key, value in runs[0].items():
-        values = [r.get(key) for r in runs]
+        values: list[Any] = [r.get(key) for r in runs]
         if type(value) is bool or not all(isinstance(v, int | float) for v in values):
             continue
         if key == "errors":
