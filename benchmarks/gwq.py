@@ -34,7 +34,7 @@ from bookkeeper_aio.sandbox import BookieProcess
 
 from . import machine
 from .cluster import mode_target
-from .load import LoadResult, closed_loop, drive, payload_pool
+from .load import CallbackSend, Done, LoadResult, closed_loop, drive, payload_pool
 from .options import PASSWORD, client_config, quorum_label
 from .stats import print_table, write_json
 
@@ -110,10 +110,10 @@ async def _measure(uri: str, args: argparse.Namespace, gwq: bool) -> dict[str, A
     }
 
 
-def _round_robin(writers: list[LedgerWriter], payloads: list[bytes]):  # type: ignore[no-untyped-def]
+def _round_robin(writers: list[LedgerWriter], payloads: list[bytes]) -> CallbackSend:
     turn = [0, 0]
 
-    def send(done):  # type: ignore[no-untyped-def]
+    def send(done: Done) -> int:
         w, p = turn
         turn[0], turn[1] = (w + 1) % len(writers), (p + 1) % len(payloads)
         return writers[w].append_callback(payloads[p], done)

@@ -97,7 +97,8 @@ class BodyDecoder:
         unpacker = msgpack.Unpacker(max_buffer_size=len(body), **kw)
         unpacker.feed(body)
         count = unpacker.read_array_header()
-        if count > self.limits.array_len_max:  # type: ignore[union-attr]
+        assert self.limits is not None  # only bounded decoding has wide fields
+        if count > self.limits.array_len_max:
             raise FrameTooComplexError(f"{count} fields")
         fields = []
         for index in range(count):
@@ -117,9 +118,8 @@ class BodyDecoder:
         """msgpack's list hook: spend the body's budget of arrays and elements."""
         self._objects_left -= len(array) + 1
         if self._objects_left < 0:
-            raise FrameTooComplexError(
-                f"more than {self.limits.objects_max} arrays and elements"  # type: ignore[union-attr]
-            )
+            assert self.limits is not None  # the hook of bounded decoding only
+            raise FrameTooComplexError(f"more than {self.limits.objects_max} arrays and elements")
         return array
 
 

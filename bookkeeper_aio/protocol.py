@@ -564,7 +564,7 @@ class BadFrame(NamedTuple):
 # Requests name ledgers (and a read its entry) with ``n``: ids are int64 >= 0, checked at the
 # edge, so no negative id reaches the handler or an engine (RocksDB keys pack them unsigned).
 
-_SPECS: dict[type, str] = {
+_SPECS: dict[type[Message], str] = {
     HelloRequest: "iis",
     AddRequest: "iniibibu",
     ReadRequest: "inniBii",
@@ -639,9 +639,8 @@ def _checker(tags: str) -> Callable[[list[Any]], bool]:
     return namespace["check"]
 
 
-_BY_OP: dict[int, tuple[type, int, Callable[[list[Any]], bool]]] = {
-    cls.OP: (cls, len(tags), _checker(tags))  # type: ignore[attr-defined]
-    for cls, tags in _SPECS.items()
+_BY_OP: dict[int, tuple[type[Message], int, Callable[[list[Any]], bool]]] = {
+    cls.OP: (cls, len(tags), _checker(tags)) for cls, tags in _SPECS.items()
 }
 _PROOF_FIELD: dict[type, int] = {ReadResponse: 7, ReadLacResponse: 3}
 
@@ -672,6 +671,7 @@ def multi_add_parts(msg: MultiAddRequest) -> list[AddRequest | AddBatchRequest |
     alone with the multi request's id (a part that is not a valid add is a BadFrame)."""
     rid = msg.request_id
     return [
+        # (_build of an add's op gives that add or a BadFrame: no cast on this hot path)
         _build([part[0], rid, *part[1:]]) if part[0] in MULTI_ADD_PART_OPS  # type: ignore[misc]
         else BadFrame(rid, f"operation {describe(part[0])} cannot be part of a MultiAddRequest")
         for part in msg.parts
@@ -704,10 +704,10 @@ def _in_int64(v: int) -> bool:
     return INT64_MIN <= v <= INT64_MAX
 
 
-def _first_bad_field(cls: type, args: list[Any]) -> str:
+def _first_bad_field(cls: type[Message], args: list[Any]) -> str:
     for i, tag in enumerate(_SPECS[cls]):
         if not _checker(tag)([args[i]]):
-            return f"field {cls._fields[i]} has a bad value {describe(args[i])}"  # type: ignore[attr-defined]
+            return f"field {cls._fields[i]} has a bad value {describe(args[i])}"
     return "bad fields"
 
 

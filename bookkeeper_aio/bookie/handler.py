@@ -407,15 +407,17 @@ class RequestHandler:
                 self.counters["add_bad_request"] += 1
                 answered(index, ErrorResponse(req.request_id, StatusCode.BAD_REQUEST, reason))
                 continue
+            assert type(part) is not BadFrame  # a BadFrame has its reason
             done = partial(answered, index)
             try:
                 if type(part) is AddBatchRequest:
                     entries_left -= self._add_batch(part, done, peer, entries_left) or 1
                 else:
+                    assert type(part) is AddRequest  # multi_add_parts: an add or a batch
                     entries_left -= 1
-                    self._add(part, done, peer)  # type: ignore[arg-type]
+                    self._add(part, done, peer)
             except Exception as exc:
-                self._failed(part, done, exc)  # type: ignore[arg-type]
+                self._failed(part, done, exc)
 
     def _store(
         self,

@@ -80,6 +80,7 @@ class PendingAdd(AckSet):
         future = self.future
         if future is None:
             try:
+                # A callback add (no future): no assert on this hot path.
                 self.callback(self.entry_id, error)  # type: ignore[misc]
             except Exception:  # the caller's bug must not break the writer's bookkeeping
                 log.exception("add callback of entry %d raised", self.entry_id)

@@ -185,8 +185,10 @@ async def read_entry(
     finally:
         for task in pending:
             task.cancel()
-    for bookie in bad:  # no good copy to repair them from
-        short(bookie, entry_id)  # type: ignore[misc]
+    if bad:  # no good copy to repair them from
+        assert short is not None  # bad copies are gathered only to be reported short
+        for bookie in bad:
+            short(bookie, entry_id)
     if negatives == md.write_quorum:
         raise NoSuchEntryError(f"ledger {lid}: no replica has entry {entry_id}")
     raise ReadError(f"ledger {lid}: no good copy of entry {entry_id}")

@@ -300,8 +300,9 @@ class LogReader:
             for task in (poll, changed):
                 task.cancel()
             await asyncio.gather(poll, changed, return_exceptions=True)
-        if changed.done() and not changed.cancelled() and changed.exception() is not None:
-            raise changed.exception()  # type: ignore[misc]
+        failure = changed.exception() if changed.done() and not changed.cancelled() else None
+        if failure is not None:
+            raise failure
         if not poll.done() or poll.cancelled():
             return  # the log moved: re-read from its new metadata
         lac, entry = poll.result()

@@ -26,6 +26,7 @@ import random
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import MetadataConfig
 from ..errors import MetadataUnavailableError, MetadataVersionError
@@ -114,9 +115,10 @@ class MemoryState:
         for key in sorted(lease.keys):
             self.bump()
             self.keys.delete(key)
-        found = self.bookies.get(lease.bookie_id) if lease.bookie_id else None
-        if found is not None and found[1] == lease_id:
-            del self.bookies[lease.bookie_id]  # type: ignore[arg-type]
+        bookie_id = lease.bookie_id
+        found = self.bookies.get(bookie_id) if bookie_id else None
+        if bookie_id and found is not None and found[1] == lease_id:
+            del self.bookies[bookie_id]
             self.bump()
             self.notify_bookies()
 
@@ -200,10 +202,10 @@ class MemoryMetadataStore(MemoryKeys):
 
     @classmethod
     def named(
-        cls, name: str, config: MetadataConfig | None = None, **kwargs: object
+        cls, name: str, config: MetadataConfig | None = None, **kwargs: Any
     ) -> MemoryMetadataStore:
         """A store sharing state with every other store of this name in the process."""
-        return cls(_NAMED.setdefault(name, MemoryState()), config, **kwargs)  # type: ignore[arg-type]
+        return cls(_NAMED.setdefault(name, MemoryState()), config, **kwargs)
 
     @staticmethod
     def forget(name: str) -> None:

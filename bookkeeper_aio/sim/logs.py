@@ -109,7 +109,7 @@ class LogAct:
         if not has_log_act(self.world.seed):
             return
         sc, world, loop = self.sc, self.world, asyncio.get_running_loop()
-        world.state.keys.on_key = self.checks.key_written  # type: ignore[attr-defined]
+        world.state.keys.on_key = self.checks.key_written
         self.history.note(f"log act: {sc}")
         admin = self.run._client("log-admin")
         for name in self.names:
