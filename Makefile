@@ -44,9 +44,12 @@ kcat:
 		echo "NOTICE: kcat is not installed (as root: apt-get install kcat): the kcat tests will be skipped"; \
 	fi
 
+# ruff (lint and format) and mypy (the package, engines/ and benchmarks/; [tool.mypy] in
+# pyproject.toml): what CI runs before the tests.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: setup
 	$(VENV)/bin/ruff check --fix .
@@ -67,4 +70,4 @@ chaos: setup
 	$(PY) -m bookkeeper_aio.chaos --duration $(DURATION)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build *.egg-info

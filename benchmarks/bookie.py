@@ -61,7 +61,7 @@ class _Writer:
         return self.client.request(AddRequest, lid, e, 0, KEY, e - 1, payload, digest)
 
 
-async def sequential(writer: _Writer, count: int) -> dict[str, float]:
+async def sequential(writer: _Writer, count: int) -> dict[str, Any]:
     """One add outstanding at a time: the latency floor (one fdatasync per add)."""
     latencies, completions = [], []
     start = time.perf_counter()
@@ -79,7 +79,7 @@ async def sequential(writer: _Writer, count: int) -> dict[str, float]:
     }
 
 
-async def pipelined(writer: _Writer, outstanding: int, duration_s: float) -> dict[str, float]:
+async def pipelined(writer: _Writer, outstanding: int, duration_s: float) -> dict[str, Any]:
     """Closed loop with ``outstanding`` adds in flight for ``duration_s``."""
     latencies: list[float] = []
     completions: list[float] = []

@@ -203,7 +203,7 @@ def analyse(
                 stalls["journal_rollover"].append((taken, synced))
             if synced - written > slow_fsync_ms / 1000:
                 stalls["slow_fsync"].append((written, synced))
-        stalls["checkpoint"] += [tuple(c) for c in data["checkpoints"]]  # type: ignore[misc]
+        stalls["checkpoint"] += [tuple(c) for c in data["checkpoints"]]
     overlapped = {}
     for name, spans in stalls.items():
         spans.sort()

@@ -34,7 +34,7 @@ from bookkeeper_aio.sandbox import BookieProcess
 
 from . import machine
 from .cluster import mode_target
-from .load import LoadResult, closed_loop, drive, payload_pool
+from .load import CallbackSend, Done, LoadResult, closed_loop, drive, payload_pool
 from .options import PASSWORD, client_config, quorum_label
 from .stats import print_table, write_json
 
@@ -73,9 +73,9 @@ async def measure_gwq(
         for gwq, pair in runs.items():
             result[f"{'gwq' if gwq else 'normal'}_{condition}"] = _mean(pair)
     for condition in ("healthy", "slow"):
-        normal, gwq = result.get(f"normal_{condition}"), result.get(f"gwq_{condition}")
-        if normal and gwq:
-            result[f"ratio_{condition}"] = _ratios(gwq, normal)
+        normal, guaranteed = result.get(f"normal_{condition}"), result.get(f"gwq_{condition}")
+        if normal and guaranteed:
+            result[f"ratio_{condition}"] = _ratios(guaranteed, normal)
     return result
 
 
@@ -110,10 +110,10 @@ async def _measure(uri: str, args: argparse.Namespace, gwq: bool) -> dict[str, A
     }
 
 
-def _round_robin(writers: list[LedgerWriter], payloads: list[bytes]):  # type: ignore[no-untyped-def]
+def _round_robin(writers: list[LedgerWriter], payloads: list[bytes]) -> CallbackSend:
     turn = [0, 0]
 
-    def send(done):  # type: ignore[no-untyped-def]
+    def send(done: Done) -> int:
         w, p = turn
         turn[0], turn[1] = (w + 1) % len(writers), (p + 1) % len(payloads)
         return writers[w].append_callback(payloads[p], done)
@@ -166,7 +166,7 @@ def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One mode's phases as one: means (the larger of maxima; errors added up)."""
     out = dict(runs[0])
     for key, value in runs[0].items():
-        values = [r.get(key) for r in runs]
+        values: list[Any] = [r.get(key) for r in runs]
         if type(value) is bool or not all(isinstance(v, int | float) for v in values):
             continue
         if key == "errors":

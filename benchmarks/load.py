@@ -195,7 +195,8 @@ class _Tracker:
     ) -> bool:
         """Send one operation whose latency counts from ``t0``; False if ``send`` raised.
         ``then(now)`` runs after its completion is counted."""
-        # The per-operation path is kept short: the driver's CPU is the client's CPU.
+        # The per-operation path is kept short: the driver's CPU is the client's CPU. (So no
+        # cast: ``send`` is a CallbackSend when self.callbacks, else a Send; hence the ignores.)
         try:
             if self.callbacks:
                 slot = self._free.pop() if self._free else _Slot(self)
@@ -211,7 +212,7 @@ class _Tracker:
                     self._free.append(slot)
                     raise
             else:
-                send().add_done_callback(lambda f: self._done_future(f, t0, then))  # type: ignore[call-arg]
+                send().add_done_callback(lambda f: self._done_future(f, t0, then))  # type: ignore[call-arg, attr-defined]
         except Exception as exc:
             self.result.fail(exc)
             return False

@@ -56,7 +56,8 @@ class Timed:
     def __init__(self, send: Send, payloads: list[bytes], outstanding: int) -> None:
         self.send, self.payloads, self.outstanding = send, payloads, outstanding
         self.starts, self.latencies = array("d"), array("d")
-        self.errors, self.first_error = 0, None
+        self.errors = 0
+        self.first_error: str | None = None
         self.in_flight, self.turn, self.deadline = 0, 0, 0.0
         self.idle = asyncio.Event()
 
@@ -180,7 +181,8 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def _step(log: Timed, closes: list[float]) -> dict[str, Any]:
     """p99 of the appends in flight when a rollover finished vs the others."""
     windows = sorted((c - ROLLOVER_WINDOW_S, c) for c in closes if c > 0)
-    near, far = [], []
+    near: list[float] = []
+    far: list[float] = []
     for t0, latency in zip(log.starts, log.latencies, strict=True):
         hit = any(t0 <= end and t0 + latency >= start for start, end in windows)
         (near if hit else far).append(latency)

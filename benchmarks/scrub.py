@@ -125,7 +125,12 @@ async def _scrub(bk: BookKeeper, bookie: str, start: bool) -> ScrubResponse:
     return answer
 
 
-def _result(args, without, with_scrub, scrubbed) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _result(
+    args: argparse.Namespace,
+    without: list[dict[str, Any]],
+    with_scrub: list[dict[str, Any]],
+    scrubbed: int,
+) -> dict[str, Any]:
     off = statistics.median(r["entries_per_s"] for r in without)
     on = statistics.median(r["entries_per_s"] for r in with_scrub)
     scrubbing_s = sum(r["elapsed_s"] for r in with_scrub)

@@ -55,12 +55,14 @@ class BodyDecoder:
     def __init__(self, bin_bytes_max: int, limits: DecodeLimits | None) -> None:
         self.limits = limits
         self._objects_left = 0
+        common: dict[str, Any]
         common = dict(raw=False, use_list=True, strict_map_key=True, max_bin_len=bin_bytes_max,
                       max_map_len=0, max_ext_len=0)  # fmt: skip
         # A small body may hold a wide operation's long field too (a multi-add of tiny parts).
         small_arrays = ARRAY_LEN_MAX
         if limits is not None:
             small_arrays = max([limits.array_len_max, *(n for _, n in limits.wide_fields.values())])
+        self.small_kwargs: dict[str, Any]
         self.small_kwargs = dict(common, max_str_len=STR_BYTES_MAX, max_array_len=small_arrays)
         if limits is not None:
             self._bounded = {
@@ -87,13 +89,16 @@ class BodyDecoder:
             return msgpack.unpackb(body, **kw)
         return self._decode_wide(body, kw, *wide)
 
-    def _decode_wide(self, body: memoryview | bytes, kw: dict[str, Any], at: int, most: int):
+    def _decode_wide(
+        self, body: memoryview | bytes, kw: dict[str, Any], at: int, most: int
+    ) -> list[Any]:
         """``[op, ...]`` whose field ``at`` may be an array of up to ``most`` elements, each
         decoded on its own under the narrow limits."""
         unpacker = msgpack.Unpacker(max_buffer_size=len(body), **kw)
         unpacker.feed(body)
         count = unpacker.read_array_header()
-        if count > self.limits.array_len_max:  # type: ignore[union-attr]
+        assert self.limits is not None  # only bounded decoding has wide fields
+        if count > self.limits.array_len_max:
             raise FrameTooComplexError(f"{count} fields")
         fields = []
         for index in range(count):
@@ -113,9 +118,8 @@ class BodyDecoder:
         """msgpack's list hook: spend the body's budget of arrays and elements."""
         self._objects_left -= len(array) + 1
         if self._objects_left < 0:
-            raise FrameTooComplexError(
-                f"more than {self.limits.objects_max} arrays and elements"  # type: ignore[union-attr]
-            )
+            assert self.limits is not None  # the hook of bounded decoding only
+            raise FrameTooComplexError(f"more than {self.limits.objects_max} arrays and elements")
         return array
 
 

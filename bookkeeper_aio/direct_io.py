@@ -100,7 +100,7 @@ class BlockWriter:
         """Where the next append goes."""
         return self._block_start + len(self._head)
 
-    def append(self, pieces: Sequence[bytes], pos: int) -> None:
+    def append(self, pieces: Sequence[bytes | memoryview], pos: int) -> None:
         """Write the concatenation of ``pieces`` at ``pos`` (which must be :attr:`position`)."""
         assert pos == self.position, (pos, self.position)
         used = len(self._head) + sum(map(len, pieces))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import msgpack
 
@@ -64,9 +64,9 @@ class LedgerInfo:
             raise ValueError(f"not a LedgerInfo v1 or v2 encoding: {data[:40]!r}")
         return cls(*fields[1:])
 
-    def replace(self, **changes: object) -> LedgerInfo:
+    def replace(self, **changes: Any) -> LedgerInfo:
         """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        return dataclasses.replace(self, **changes)
 
 
 _ENCODINGS = ((1, 5), (2, 6))  # (version, fields): without a record, with one
@@ -79,7 +79,7 @@ Record = bytes | memoryview
 class Engine(Protocol):
     """Ledger storage: entries and ledger infos, synchronous, with ``sync()`` as durability."""
 
-    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+    def put_entry(self, ledger_id: int, entry_id: int, record: Record) -> None:
         """Store (or overwrite) one entry's record."""
 
     def put_entries(

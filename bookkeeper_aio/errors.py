@@ -20,6 +20,10 @@ wire ``status``. Programmer errors are ``assert``.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .metadata.model import Versioned
 
 
 class StatusCode(IntEnum):
@@ -144,7 +148,7 @@ class BadDigestError(BookieStatusError):
 
 
 _BY_STATUS: dict[StatusCode, type[BookieStatusError]] = {
-    cls.status: cls  # type: ignore[misc]
+    cls.status: cls
     for cls in (
         NoSuchLedgerError,
         NoSuchEntryError,
@@ -237,7 +241,7 @@ class MetadataVersionError(BookKeeperError):
 
     code = -17
 
-    def __init__(self, message: str = "", *, current: object = None) -> None:
+    def __init__(self, message: str = "", *, current: Versioned[Any] | None = None) -> None:
         super().__init__(message)
         self.current = current
 

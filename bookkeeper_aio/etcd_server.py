@@ -200,8 +200,9 @@ class EtcdServer:
         if self.tls is None:
             return None
         context = ssl.create_default_context(cafile=self.tls[2])
-        if self.client_cert[0] is not None:
-            context.load_cert_chain(*self.client_cert)  # type: ignore[arg-type]
+        cert_file, key_file = self.client_cert
+        if cert_file is not None:
+            context.load_cert_chain(cert_file, key_file)
         return context
 
     def etcdctl(self, *args: str) -> str:

@@ -24,6 +24,7 @@ Both sides of the wire (``client/bookie_client.py``'s ``BookieClient`` and
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 from .protocol import FrameEncoder
 
@@ -45,7 +46,7 @@ class FramedConnection(asyncio.Protocol):
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)  # a stream's: a Transport
 
     def pause_writing(self) -> None:
         self._blocked = True

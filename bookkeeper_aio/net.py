@@ -74,7 +74,7 @@ class TcpNetwork:
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return transport, protocol  # type: ignore[return-value]
+        return transport, protocol
 
 
 def client_network(config: ClientConfig) -> TcpNetwork:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, final
 
 import msgpack
 from xxhash import xxh3_64_intdigest
@@ -57,21 +57,25 @@ READ_FLAG_LONG_POLL = 0x2
 
 
 # --- requests -----------------------------------------------------------------------------
+# Each message is a subclass of a NamedTuple of its fields that adds the class constant OP: a
+# NamedTuple's own body may hold only fields for a type checker. The subclass has no __dict__
+# (__slots__ = ()) and builds and reads as fast as the NamedTuple itself.
 
 
-class HelloRequest(NamedTuple):
-    """First frame of every connection: the client's protocol version."""
-
-    OP = 1
+class _HelloRequestFields(NamedTuple):
     request_id: int
     protocol_version: int
     client_name: str
 
 
-class AddRequest(NamedTuple):
-    """Store one entry. ``digest`` covers (ledger_id, entry_id, lac, payload)."""
+class HelloRequest(_HelloRequestFields):
+    """First frame of every connection: the client's protocol version."""
 
-    OP = 2
+    __slots__ = ()
+    OP = 1
+
+
+class _AddRequestFields(NamedTuple):
     request_id: int
     ledger_id: int
     entry_id: int
@@ -82,10 +86,14 @@ class AddRequest(NamedTuple):
     digest: int
 
 
-class ReadRequest(NamedTuple):
-    """Read one entry; may fence (READ_FLAG_FENCE) or long-poll (READ_FLAG_LONG_POLL)."""
+class AddRequest(_AddRequestFields):
+    """Store one entry. ``digest`` covers (ledger_id, entry_id, lac, payload)."""
 
-    OP = 3
+    __slots__ = ()
+    OP = 2
+
+
+class _ReadRequestFields(NamedTuple):
     request_id: int
     ledger_id: int
     entry_id: int
@@ -95,20 +103,28 @@ class ReadRequest(NamedTuple):
     timeout_ms: int  # long poll: give up after this long (the bookie clamps it)
 
 
-class ReadLacRequest(NamedTuple):
-    """Read the highest LAC the bookie knows for a ledger; may fence."""
+class ReadRequest(_ReadRequestFields):
+    """Read one entry; may fence (READ_FLAG_FENCE) or long-poll (READ_FLAG_LONG_POLL)."""
 
-    OP = 4
+    __slots__ = ()
+    OP = 3
+
+
+class _ReadLacRequestFields(NamedTuple):
     request_id: int
     ledger_id: int
     flags: int  # READ_FLAG_FENCE
     master_key: bytes | None
 
 
-class WriteLacRequest(NamedTuple):
-    """Store an explicit LAC record (the writer's LAC when it has nothing to add)."""
+class ReadLacRequest(_ReadLacRequestFields):
+    """Read the highest LAC the bookie knows for a ledger; may fence."""
 
-    OP = 5
+    __slots__ = ()
+    OP = 4
+
+
+class _WriteLacRequestFields(NamedTuple):
     request_id: int
     ledger_id: int
     master_key: bytes
@@ -116,24 +132,47 @@ class WriteLacRequest(NamedTuple):
     digest: int
 
 
-class ListEntriesRequest(NamedTuple):
-    """List the entry ids a bookie holds for a ledger, from ``start_entry_id``."""
+class WriteLacRequest(_WriteLacRequestFields):
+    """Store an explicit LAC record (the writer's LAC when it has nothing to add)."""
 
-    OP = 6
+    __slots__ = ()
+    OP = 5
+
+
+class _ListEntriesRequestFields(NamedTuple):
     request_id: int
     ledger_id: int
     start_entry_id: int
     max_count: int
 
 
-class BookieInfoRequest(NamedTuple):
-    """Ask for the bookie's disk space and state."""
+class ListEntriesRequest(_ListEntriesRequestFields):
+    """List the entry ids a bookie holds for a ledger, from ``start_entry_id``."""
 
-    OP = 7
+    __slots__ = ()
+    OP = 6
+
+
+class _BookieInfoRequestFields(NamedTuple):
     request_id: int
 
 
-class AddBatchRequest(NamedTuple):
+class BookieInfoRequest(_BookieInfoRequestFields):
+    """Ask for the bookie's disk space and state."""
+
+    __slots__ = ()
+    OP = 7
+
+
+class _AddBatchRequestFields(NamedTuple):
+    request_id: int
+    ledger_id: int
+    flags: int  # ADD_FLAG_RECOVERY
+    master_key: bytes
+    entries: bytes
+
+
+class AddBatchRequest(_AddBatchRequestFields):
     """Store several entries of one ledger: each as an AddRequest would, one answer for all.
 
     ``entries`` is the entries packed by :func:`pack_add_entries`: per entry its id, the
@@ -144,15 +183,16 @@ class AddBatchRequest(NamedTuple):
     when it has more than one add for that bookie.
     """
 
+    __slots__ = ()
     OP = 8
+
+
+class _MultiAddRequestFields(NamedTuple):
     request_id: int
-    ledger_id: int
-    flags: int  # ADD_FLAG_RECOVERY
-    master_key: bytes
-    entries: bytes
+    parts: list[list[Any]]
 
 
-class MultiAddRequest(NamedTuple):
+class MultiAddRequest(_MultiAddRequestFields):
     """Several add requests (of any ledgers) in one frame, answered together.
 
     Each of ``parts`` is an :class:`AddRequest` or :class:`AddBatchRequest` written as
@@ -163,40 +203,51 @@ class MultiAddRequest(NamedTuple):
     turn, the cost of a request (its frame, its id, its answer) is most of the cost of an add.
     """
 
+    __slots__ = ()
     OP = 9
-    request_id: int
-    parts: list[list[Any]]
 
 
-class ScrubRequest(NamedTuple):
-    """Ask for the state of the bookie's scrubber (BP-31 bit rot); ``start``: also have a pass
-    run now (after the running one, if any). ``shell scrub`` polls with it for its progress."""
-
-    OP = 10
+class _ScrubRequestFields(NamedTuple):
     request_id: int
     start: bool
 
 
-class LedgerRecordsRequest(NamedTuple):
-    """Page through what the bookie keeps per ledger, from ``start_ledger_id`` (the metadata
-    recovery tool: ``shell recover-metadata``)."""
+class ScrubRequest(_ScrubRequestFields):
+    """Ask for the state of the bookie's scrubber (BP-31 bit rot); ``start``: also have a pass
+    run now (after the running one, if any). ``shell scrub`` polls with it for its progress."""
 
-    OP = 11
+    __slots__ = ()
+    OP = 10
+
+
+class _LedgerRecordsRequestFields(NamedTuple):
     request_id: int
     start_ledger_id: int
     max_count: int
 
 
-class WriteLafrRequest(NamedTuple):
-    """Guaranteed write quorum: the writer's LAFR (last add fully replicated: it and every
-    earlier entry have WQ copies), sent now and then. A hint that lets a recovery start
-    reading there instead of at the first entry of the last segment; kept in memory only."""
+class LedgerRecordsRequest(_LedgerRecordsRequestFields):
+    """Page through what the bookie keeps per ledger, from ``start_ledger_id`` (the metadata
+    recovery tool: ``shell recover-metadata``)."""
 
-    OP = 12
+    __slots__ = ()
+    OP = 11
+
+
+class _WriteLafrRequestFields(NamedTuple):
     request_id: int
     ledger_id: int
     master_key: bytes
     lafr: int
+
+
+class WriteLafrRequest(_WriteLafrRequestFields):
+    """Guaranteed write quorum: the writer's LAFR (last add fully replicated: it and every
+    earlier entry have WQ copies), sent now and then. A hint that lets a recovery start
+    reading there instead of at the first entry of the last segment; kept in memory only."""
+
+    __slots__ = ()
+    OP = 12
 
 
 MULTI_ADD_PART_OPS = frozenset({AddRequest.OP, AddBatchRequest.OP})
@@ -275,49 +326,62 @@ def _more_entries(data: bytes, pos: int, most: int) -> bool:
 # --- responses ----------------------------------------------------------------------------
 
 
-class HelloResponse(NamedTuple):
-    OP = HelloRequest.OP | RESPONSE_BIT
+class _HelloResponseFields(NamedTuple):
     request_id: int
     status: int
     protocol_version: int
     bookie_id: str
 
 
-class AddResponse(NamedTuple):
-    OP = AddRequest.OP | RESPONSE_BIT
+class HelloResponse(_HelloResponseFields):
+    __slots__ = ()
+    OP = HelloRequest.OP | RESPONSE_BIT
+
+
+class _AddResponseFields(NamedTuple):
     request_id: int
     status: int
     ledger_id: int
     entry_id: int
 
 
-class AddBatchResponse(NamedTuple):
-    """``statuses[i]`` answers ``entries[i]``; ``status`` is OK or, if any failed, the first
-    failure (a request-level error leaves ``statuses`` empty)."""
+class AddResponse(_AddResponseFields):
+    __slots__ = ()
+    OP = AddRequest.OP | RESPONSE_BIT
 
-    OP = AddBatchRequest.OP | RESPONSE_BIT
+
+class _AddBatchResponseFields(NamedTuple):
     request_id: int
     status: int
     ledger_id: int
-    statuses: list[int]
+    statuses: Sequence[int]  # a list
 
 
-class MultiAddResponse(NamedTuple):
-    """``results[i]`` answers ``parts[i]``: the response that part would have had alone,
-    as ``[op, field, ...]`` without its request id (an :class:`AddResponse`,
-    :class:`AddBatchResponse`, or :class:`ErrorResponse` for a part that is not a valid add).
-    ``status`` is OK, or the status of a request refused as a whole (``results`` empty)."""
+class AddBatchResponse(_AddBatchResponseFields):
+    """``statuses[i]`` answers ``entries[i]``; ``status`` is OK or, if any failed, the first
+    failure (a request-level error leaves ``statuses`` empty)."""
 
-    OP = MultiAddRequest.OP | RESPONSE_BIT
+    __slots__ = ()
+    OP = AddBatchRequest.OP | RESPONSE_BIT
+
+
+class _MultiAddResponseFields(NamedTuple):
     request_id: int
     status: int
     results: list[list[Any]]
 
 
-class ReadResponse(NamedTuple):
-    """An entry (entry_lac, payload, digest all set) or, after a long poll, maybe none."""
+class MultiAddResponse(_MultiAddResponseFields):
+    """``results[i]`` answers ``parts[i]``: the response that part would have had alone,
+    as ``[op, field, ...]`` without its request id (an :class:`AddResponse`,
+    :class:`AddBatchResponse`, or :class:`ErrorResponse` for a part that is not a valid add).
+    ``status`` is OK, or the status of a request refused as a whole (``results`` empty)."""
 
-    OP = ReadRequest.OP | RESPONSE_BIT
+    __slots__ = ()
+    OP = MultiAddRequest.OP | RESPONSE_BIT
+
+
+class _ReadResponseFields(NamedTuple):
     request_id: int
     status: int
     ledger_id: int
@@ -328,8 +392,14 @@ class ReadResponse(NamedTuple):
     lac_proof: LacProof | None  # the highest LAC this bookie holds for the ledger
 
 
-class ReadLacResponse(NamedTuple):
-    OP = ReadLacRequest.OP | RESPONSE_BIT
+class ReadResponse(_ReadResponseFields):
+    """An entry (entry_lac, payload, digest all set) or, after a long poll, maybe none."""
+
+    __slots__ = ()
+    OP = ReadRequest.OP | RESPONSE_BIT
+
+
+class _ReadLacResponseFields(NamedTuple):
     request_id: int
     status: int
     ledger_id: int
@@ -338,24 +408,34 @@ class ReadLacResponse(NamedTuple):
     last_add_fully_replicated: int = -1  # the highest LAFR a writer sent (-1: none)
 
 
-class WriteLacResponse(NamedTuple):
+class ReadLacResponse(_ReadLacResponseFields):
+    __slots__ = ()
+    OP = ReadLacRequest.OP | RESPONSE_BIT
+
+
+class _WriteLacResponseFields(NamedTuple):
+    request_id: int
+    status: int
+    ledger_id: int
+
+
+class WriteLacResponse(_WriteLacResponseFields):
+    __slots__ = ()
     OP = WriteLacRequest.OP | RESPONSE_BIT
+
+
+class _WriteLafrResponseFields(NamedTuple):
     request_id: int
     status: int
     ledger_id: int
 
 
-class WriteLafrResponse(NamedTuple):
+class WriteLafrResponse(_WriteLafrResponseFields):
+    __slots__ = ()
     OP = WriteLafrRequest.OP | RESPONSE_BIT
-    request_id: int
-    status: int
-    ledger_id: int
 
 
-class ListEntriesResponse(NamedTuple):
-    """Held entry ids as inclusive ``[first, last]`` ranges; ``next_entry_id`` -1 when done."""
-
-    OP = ListEntriesRequest.OP | RESPONSE_BIT
+class _ListEntriesResponseFields(NamedTuple):
     request_id: int
     status: int
     ledger_id: int
@@ -363,8 +443,14 @@ class ListEntriesResponse(NamedTuple):
     next_entry_id: int
 
 
-class BookieInfoResponse(NamedTuple):
-    OP = BookieInfoRequest.OP | RESPONSE_BIT
+class ListEntriesResponse(_ListEntriesResponseFields):
+    """Held entry ids as inclusive ``[first, last]`` ranges; ``next_entry_id`` -1 when done."""
+
+    __slots__ = ()
+    OP = ListEntriesRequest.OP | RESPONSE_BIT
+
+
+class _BookieInfoResponseFields(NamedTuple):
     request_id: int
     status: int
     free_bytes: int
@@ -373,11 +459,12 @@ class BookieInfoResponse(NamedTuple):
     bookie_id: str
 
 
-class ScrubResponse(NamedTuple):
-    """The scrubber's passes (started, finished) and the counters of the running pass, or of
-    the last one when none runs."""
+class BookieInfoResponse(_BookieInfoResponseFields):
+    __slots__ = ()
+    OP = BookieInfoRequest.OP | RESPONSE_BIT
 
-    OP = ScrubRequest.OP | RESPONSE_BIT
+
+class _ScrubResponseFields(NamedTuple):
     request_id: int
     status: int
     passes_started: int
@@ -391,24 +478,40 @@ class ScrubResponse(NamedTuple):
     unrepaired: int
 
 
-class LedgerRecordsResponse(NamedTuple):
-    """One msgpack record per ledger, ascending ids (``metadata/ledger_record.py`` reads them);
-    ``next_ledger_id`` -1 when done."""
+class ScrubResponse(_ScrubResponseFields):
+    """The scrubber's passes (started, finished) and the counters of the running pass, or of
+    the last one when none runs."""
 
-    OP = LedgerRecordsRequest.OP | RESPONSE_BIT
+    __slots__ = ()
+    OP = ScrubRequest.OP | RESPONSE_BIT
+
+
+class _LedgerRecordsResponseFields(NamedTuple):
     request_id: int
     status: int
     records: list[bytes]
     next_ledger_id: int
 
 
-class ErrorResponse(NamedTuple):
-    """The answer to a frame that could not be understood (``request_id`` -1 if unknown)."""
+class LedgerRecordsResponse(_LedgerRecordsResponseFields):
+    """One msgpack record per ledger, ascending ids (``metadata/ledger_record.py`` reads them);
+    ``next_ledger_id`` -1 when done."""
 
-    OP = 0xFF
+    __slots__ = ()
+    OP = LedgerRecordsRequest.OP | RESPONSE_BIT
+
+
+class _ErrorResponseFields(NamedTuple):
     request_id: int
     status: int
     message: str
+
+
+class ErrorResponse(_ErrorResponseFields):
+    """The answer to a frame that could not be understood (``request_id`` -1 if unknown)."""
+
+    __slots__ = ()
+    OP = 0xFF
 
 
 Request = (
@@ -443,6 +546,7 @@ Response = (
 Message = Request | Response
 
 
+@final  # no subclasses: ``type(x) is not BadFrame`` then tells a type checker x is a message
 class BadFrame(NamedTuple):
     """A correctly framed body that is not a valid message."""
 
@@ -460,7 +564,7 @@ class BadFrame(NamedTuple):
 # Requests name ledgers (and a read its entry) with ``n``: ids are int64 >= 0, checked at the
 # edge, so no negative id reaches the handler or an engine (RocksDB keys pack them unsigned).
 
-_SPECS: dict[type, str] = {
+_SPECS: dict[type[Message], str] = {
     HelloRequest: "iis",
     AddRequest: "iniibibu",
     ReadRequest: "inniBii",
@@ -535,11 +639,10 @@ def _checker(tags: str) -> Callable[[list[Any]], bool]:
     return namespace["check"]
 
 
-_BY_OP: dict[int, tuple[type, int, Callable[[list[Any]], bool]]] = {
-    cls.OP: (cls, len(tags), _checker(tags))  # type: ignore[attr-defined]
-    for cls, tags in _SPECS.items()
+_BY_OP: dict[int, tuple[type[Message], int, Callable[[list[Any]], bool]]] = {
+    cls.OP: (cls, len(tags), _checker(tags)) for cls, tags in _SPECS.items()
 }
-_PROOF_FIELD = {ReadResponse: 7, ReadLacResponse: 3}
+_PROOF_FIELD: dict[type, int] = {ReadResponse: 7, ReadLacResponse: 3}
 
 
 def _build(fields: list[Any]) -> Message | BadFrame:
@@ -568,6 +671,7 @@ def multi_add_parts(msg: MultiAddRequest) -> list[AddRequest | AddBatchRequest |
     alone with the multi request's id (a part that is not a valid add is a BadFrame)."""
     rid = msg.request_id
     return [
+        # (_build of an add's op gives that add or a BadFrame: no cast on this hot path)
         _build([part[0], rid, *part[1:]]) if part[0] in MULTI_ADD_PART_OPS  # type: ignore[misc]
         else BadFrame(rid, f"operation {describe(part[0])} cannot be part of a MultiAddRequest")
         for part in msg.parts
@@ -593,17 +697,17 @@ def multi_add_results(msg: MultiAddResponse) -> list[Message | BadFrame]:
 
 def as_part(msg: Message) -> list[Any]:
     """``msg`` as a part of a multi request or response: ``[op, field, ...]`` without its id."""
-    return [msg.OP, *msg[1:]]  # type: ignore[union-attr]
+    return [msg.OP, *msg[1:]]
 
 
 def _in_int64(v: int) -> bool:
     return INT64_MIN <= v <= INT64_MAX
 
 
-def _first_bad_field(cls: type, args: list[Any]) -> str:
+def _first_bad_field(cls: type[Message], args: list[Any]) -> str:
     for i, tag in enumerate(_SPECS[cls]):
         if not _checker(tag)([args[i]]):
-            return f"field {cls._fields[i]} has a bad value {describe(args[i])}"  # type: ignore[attr-defined]
+            return f"field {cls._fields[i]} has a bad value {describe(args[i])}"
     return "bad fields"
 
 
@@ -633,7 +737,7 @@ class FrameEncoder:
 
     def encode(self, msg: Message) -> bytes:
         """One frame: 4-byte big-endian length, then the msgpack array ``[op, *fields]``."""
-        body = self.packer.pack([msg.OP, *msg])  # type: ignore[union-attr]
+        body = self.packer.pack([msg.OP, *msg])
         return FRAME_HEADER.pack(len(body)) + body
 
 
@@ -649,7 +753,7 @@ class SharedFrame:
 
     __slots__ = ("_head", "_part", "_tail", "op", "part_size")
 
-    def __init__(self, msg_type: type, *fields: Any) -> None:
+    def __init__(self, msg_type: type[Request], *fields: Any) -> None:
         assert len(fields) + 2 < 16, "fixarray only"
         last = fields[-1] if fields else None
         raw = type(last) is bytes
@@ -657,9 +761,9 @@ class SharedFrame:
                                datetime=False)  # fmt: skip
         # Drop the array header (re-made with 2 more fields in front).
         self._tail: tuple[bytes, ...] = (
-            (packed[1:] + _bin_header(len(last)), last) if raw else (packed[1:],)  # type: ignore[arg-type]
+            (packed[1:] + _bin_header(len(last)), last) if type(last) is bytes else (packed[1:],)
         )
-        self.op: int = msg_type.OP  # type: ignore[attr-defined]
+        self.op: int = msg_type.OP
         op = msgpack.packb(self.op)
         self._head = bytes([0x90 | (len(fields) + 2)]) + op
         self._part = (bytes([0x90 | (len(fields) + 1)]) + op, *self._tail)

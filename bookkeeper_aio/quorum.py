@@ -108,7 +108,7 @@ class AckSet:
         return self._acked.bit_count() >= self.ack_quorum
 
     @staticmethod
-    def add_acks(acks: list[AckSet], index: int) -> None:
+    def add_acks(acks: Iterable[AckSet], index: int) -> None:
         """:meth:`add_ack` from ``index`` on each of ``acks`` (one answer to a batch of adds).
 
         The loop of ``add_ack`` calls inlined: a writer runs it for every add and every

@@ -88,7 +88,7 @@ class ShardedEngine:
             shard = self._where[ledger_id] = self.shards[ledger_id % len(self.shards)]
         return shard
 
-    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+    def put_entry(self, ledger_id: int, entry_id: int, record: Record) -> None:
         self._shard(ledger_id).put_entry(ledger_id, entry_id, record)
 
     def put_entries(

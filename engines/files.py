@@ -92,6 +92,7 @@ class _Ledger:
         slots = self.chunks.get(chunk)
         if self.shared and chunk in self.shared:  # the snapshot's copy stays as it was
             self.shared.discard(chunk)
+            assert slots is not None  # a snapshot shares only chunks the ledger has
             slots = self.chunks[chunk] = array("q", slots)
         if slots is None:
             slots = self.chunks[chunk] = array("q")
@@ -156,6 +157,8 @@ class FilesEngine:
         LogCorruptError: a record before the tail of the newest log is damaged.
     """
 
+    _log_end: int  # where the next record goes in the current log (set by _open_log)
+
     def __init__(
         self,
         directory: str,
@@ -197,7 +200,7 @@ class FilesEngine:
 
     # ----- writes
 
-    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+    def put_entry(self, ledger_id: int, entry_id: int, record: Record) -> None:
         head = HEAD.pack(MAGIC, ENTRY, len(record), ledger_id, entry_id)
         tail = SUM.pack(xxh3_64_intdigest(head + record))
         with self._lock:
@@ -234,7 +237,7 @@ class FilesEngine:
             self._append(head, SUM.pack(xxh3_64_intdigest(head)), b"")
             del self._ledgers[ledger_id]
 
-    def _append(self, head: bytes, tail: bytes, data: bytes) -> int:
+    def _append(self, head: bytes, tail: bytes, data: Record) -> int:
         """Stage one record; return its location. Caller holds ``_lock``."""
         self._check_usable()
         if self._log_end >= _LOG_BYTES_HARD_MAX:

@@ -53,7 +53,7 @@ class MemoryEngine:
         self._lock = threading.Lock()
         self._closed = False
 
-    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+    def put_entry(self, ledger_id: int, entry_id: int, record: Record) -> None:
         assert not self._closed
         self._entries.setdefault(ledger_id, {})[entry_id] = bytes(record)
         if entry_id > self._last.get(ledger_id, -1):

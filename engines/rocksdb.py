@@ -163,7 +163,8 @@ class RocksDBEngine:
         self._batches_cf: ColumnFamily | None = self._db.get_column_family_handle(BATCHES_CF)
         self._write_opt = WriteOptions()
         self._write_opt.sync = False  # the fsync is flush_wal(True) in sync(), once per group
-        self._write_opt.disable_wal = not wal  # a property in rocksdict 0.3.29, not a method
+        # A property in rocksdict 0.3.29, not a method (as its type stub says).
+        self._write_opt.disable_wal = not wal  # type: ignore[method-assign, assignment]
         self._lock = threading.Lock()  # db calls vs close (the sync thread's included)
         self._sync_lock = threading.Lock()  # one sync at a time
         self._infos: dict[int, LedgerInfo] = {}
@@ -256,7 +257,7 @@ class RocksDBEngine:
 
     # ----- writes
 
-    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+    def put_entry(self, ledger_id: int, entry_id: int, record: Record) -> None:
         self.put_entries(ledger_id, [(entry_id, bytes(record))])
 
     def put_entries(
@@ -268,7 +269,7 @@ class RocksDBEngine:
         if _ascending_above(entries, last):
             first, last = entries[0][0], entries[-1][0]
             if packed is None:
-                parts: list[bytes] = []
+                parts: list[Record] = []
                 for entry_id, record in entries:
                     parts += (PACKED_ENTRY_PREFIX.pack(entry_id, len(record)), record)
                 packed = b"".join(parts)
@@ -574,7 +575,7 @@ def _spans(value: bytes) -> Iterator[tuple[int, tuple[int, int]]]:
         pos += length
 
 
-def _ascending_above(entries: list[tuple[int, bytes]], last: int) -> bool:
+def _ascending_above(entries: list[tuple[int, Record]], last: int) -> bool:
     """Whether the entry ids ascend strictly, all above ``last``."""
     for entry_id, _ in entries:
         if entry_id <= last:

@@ -119,6 +119,9 @@ NONSENSE: dict[str, tuple[Answer, type[BaseException]]] = {
     "a wrong response type": (lambda m: encode(WriteLacResponse(m.request_id, 0, 1)),
                               ProtocolError),
     "an unknown status": (lambda m: encode(AddResponse(m.request_id, 999, 1, 0)), ProtocolError),
+    # A request has no status: the client's complaint about it raised AttributeError.
+    "a request instead of an answer": (
+        lambda m: encode(AddRequest(m.request_id, 1, 0, 0, b"k", -1, b"p", 0)), ProtocolError),
     "an impossible status": (lambda m: encode(AddResponse(m.request_id, -1, 1, 0)),
                              ProtocolError),
     "an error saying OK": (lambda m: encode(ErrorResponse(m.request_id, 0, "fine")),
@@ -448,3 +451,12 @@ def test_a_copy_of_another_entry_is_not_the_entry_asked_for():
     assert entry_ok(9, 5, five)
     assert not entry_ok(9, 4, five)
     assert not entry_ok(8, 5, five)  # and a copy of another ledger's entry
+
+
+def test_a_copy_with_a_payload_but_no_entry_lac_is_bad_not_a_crash():
+    """The protocol lets a read's entry_lac be None (a long poll that found nothing): one
+    with a payload but no LAC made entry_ok raise struct.error (found by mypy)."""
+    from bookkeeper_aio.client.reads import entry_ok
+    from bookkeeper_aio.protocol import ReadResponse as Read
+
+    assert not entry_ok(9, 5, Read(1, 0, 9, 5, None, b"payload", 0, None))

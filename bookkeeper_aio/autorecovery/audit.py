@@ -51,7 +51,7 @@ async def audit_all(
     gone: Collection[str],
     in_flight_max: int,
     now_ms: Callable[[], int],
-    progress: Callable[[int], None] = lambda n: None,
+    progress: Callable[[int], object] = lambda n: None,
 ) -> AuditResult:
     """Check and mark every ledger (see the module docstring); ``progress(1)`` per ledger."""
     result = AuditResult()

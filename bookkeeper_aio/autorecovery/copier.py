@@ -39,7 +39,9 @@ class TargetRefused(ReplicationError):
 
     def __init__(self, message: str, target: str, status: str) -> None:
         super().__init__(message)
-        self.target, self.status = target, status
+        # The status's name (a str, unlike BookKeeperError.status: the target's answer may be
+        # no status at all).
+        self.target, self.status = target, status  # type: ignore[assignment]
 
 
 # What a target answers when it cannot store any copy (not: busy, or the request lost).
@@ -75,6 +77,7 @@ async def copy_entries(
                 raise ReplicationError(
                     f"ledger {ledger_id}: no good copy of entry {entry_id} on {sources(entry_id)}"
                 )
+            assert copy.payload is not None  # read_copy checked the copy (reads.entry_ok)
             await limiter.acquire(len(copy.payload))
             why = await write_copy(ctx, ledger_id, master_key, target, copy)
             if why is not None:

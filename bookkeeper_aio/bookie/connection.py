@@ -39,7 +39,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..errors import FrameTooLargeError, ProtocolError, StatusCode
 from ..framed import FramedConnection
@@ -103,7 +103,7 @@ class BookieConnection(FramedConnection, Peer):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         FramedConnection.connection_made(self, transport)
         self.peer = str(transport.get_extra_info("peername"))
-        transport.set_write_buffer_limits(high=self._out_max)  # type: ignore[attr-defined]
+        cast(asyncio.Transport, transport).set_write_buffer_limits(high=self._out_max)
         if not self.bookie.register(self):
             log.warning("refusing %s: connections_max reached", self.peer)
             status = StatusCode.TOO_MANY_REQUESTS
@@ -216,7 +216,7 @@ class BookieConnection(FramedConnection, Peer):
         if not self._greeted:
             self._hello(msg)
             return
-        if type(msg) is HelloRequest or msg.OP & RESPONSE_BIT:  # type: ignore[union-attr]
+        if type(msg) is HelloRequest or msg.OP & RESPONSE_BIT:
             what = "a second hello" if type(msg) is HelloRequest else "a response"
             self._answer(
                 ErrorResponse(msg.request_id, StatusCode.BAD_REQUEST, f"unexpected {what}")

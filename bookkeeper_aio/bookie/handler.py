@@ -165,7 +165,7 @@ class RequestHandler:
         self.scrub_control: Callable[[bool], Sequence[int]] | None = None
         self.trace: AddTrace | None = None  # benchmarks only: timestamps of every add
         self._inline = Peer()  # the peer of a request handed in without one
-        self._dispatch: dict[type, Callable[[Any, Reply, Peer], None]] = {
+        self._dispatch: dict[type, Callable[[Any, Reply, Peer], object]] = {
             AddRequest: self._add,
             AddBatchRequest: self._add_batch,
             MultiAddRequest: self._multi_add,
@@ -414,15 +414,17 @@ class RequestHandler:
                 self.counters["add_bad_request"] += 1
                 answered(index, ErrorResponse(req.request_id, StatusCode.BAD_REQUEST, reason))
                 continue
+            assert type(part) is not BadFrame  # a BadFrame has its reason
             done = partial(answered, index)
             try:
                 if type(part) is AddBatchRequest:
                     entries_left -= self._add_batch(part, done, peer, entries_left) or 1
                 else:
+                    assert type(part) is AddRequest  # multi_add_parts: an add or a batch
                     entries_left -= 1
-                    self._add(part, done, peer)  # type: ignore[arg-type]
+                    self._add(part, done, peer)
             except Exception as exc:
-                self._failed(part, done, exc)  # type: ignore[arg-type]
+                self._failed(part, done, exc)
 
     def _store(
         self,
@@ -501,7 +503,7 @@ class RequestHandler:
 
     # --- fence ----------------------------------------------------------------------------
 
-    def _fence(self, ledger_id: int, master_key: bytes | None, then: Callable[[int], None]):
+    def _fence(self, ledger_id: int, master_key: bytes | None, then: Callable[[int], None]) -> None:
         """Fence the ledger durably, then call ``then(status)``."""
         if master_key is None or len(master_key) != MASTER_KEY_BYTES:
             then(StatusCode.BAD_REQUEST)

@@ -34,6 +34,7 @@ import asyncio
 import logging
 import random
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ..client.bookie_client import BookiePool
@@ -114,7 +115,7 @@ class DataIntegrity:
                     self.bookie_id, reason, len(waits))  # fmt: skip
         return len(waits)
 
-    async def _my_ledgers(self):  # type: ignore[no-untyped-def]
+    async def _my_ledgers(self) -> AsyncIterator[LedgerMetadata]:
         async for ledger_id in self.metadata.list_ledgers():
             try:
                 md: LedgerMetadata = (await self.metadata.read_ledger(ledger_id)).value

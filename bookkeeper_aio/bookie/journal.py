@@ -56,6 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import final
 
 from ..config import BookieConfig
 from ..direct_io import BLOCK_BYTES, BlockWriter, open_file, round_up, write_zeros
@@ -98,9 +99,10 @@ log = logging.getLogger(__name__)
 
 Callback = Callable[[BaseException | None], None]
 # A queued record: type, body pieces, body size, what to call once it is durable.
-_Queued = tuple[int, tuple[bytes, ...], int, Callback]
+_Queued = tuple[int, tuple[bytes | memoryview, ...], int, Callback]
 
 
+@final  # for type checks: ``type(x) is _Stop`` decides either way
 class _Stop:
     """Queued by close(): the thread writes the records before it, then ends."""
 
@@ -264,7 +266,7 @@ class Journal:
             raise JournalFailedError(f"journal failed: {self._failed}") from self._failed
         if self._closing or self._thread is None:
             raise JournalFailedError("journal is not running")
-        pieces = body if type(body) is tuple else (body,)
+        pieces = body if isinstance(body, tuple) else (body,)
         size = sum(map(len, pieces))
         self._put((rtype, pieces, size, callback))
         self._queued_bytes += size + RECORD_HEADER.size + 1
@@ -331,10 +333,10 @@ class Journal:
             if not records:
                 return batch, None
             item = records.popleft()
-            if type(item) is _Stop or size + item[2] > limit:  # type: ignore[index]
+            if type(item) is _Stop or size + item[2] > limit:
                 return batch, item
-            batch.append(item)  # type: ignore[arg-type]
-            size += item[2] + RECORD_HEADER.size + 1  # type: ignore[index]
+            batch.append(item)
+            size += item[2] + RECORD_HEADER.size + 1
         return batch, None
 
     def _write_batch(self, batch: list[_Queued]) -> BaseException | None:
@@ -348,7 +350,7 @@ class Journal:
                 rolled = True
                 self._roll_over()
             seq = self._seq
-            pieces: list[bytes] = []
+            pieces: list[bytes | memoryview] = []
             size = 0
             for rtype, body, body_size, _ in batch:
                 head = record_head(seq, rtype, body, body_size)
@@ -416,7 +418,9 @@ class Journal:
 
     # --- file operations (the journal's thread) -------------------------------------------
 
-    def _write_sync(self, pieces: list[bytes], pos: int, size: int) -> tuple[float, float]:
+    def _write_sync(
+        self, pieces: list[bytes | memoryview], pos: int, size: int
+    ) -> tuple[float, float]:
         """Write ``pieces`` at ``pos`` and fdatasync; when the write and the sync returned."""
         end = pos + size
         while end + RECORD_HEADER.size > self._allocated:

@@ -64,7 +64,7 @@ class DirShard:
                 self.on_fail(self)
             raise
 
-    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+    def put_entry(self, ledger_id: int, entry_id: int, record: Record) -> None:
         self._call(self.engine.put_entry, ledger_id, entry_id, record)
 
     def put_entries(
@@ -135,7 +135,7 @@ class LedgerDirs(ShardedEngine):
     """The bookie's engine over its ledger dirs (see the module docstring)."""
 
     def __init__(self, shards: Sequence[DirShard]) -> None:
-        super().__init__(shards)  # type: ignore[arg-type]
+        super().__init__(shards)
         self.dirs = list(shards)
         self.on_failed: OnFailed | None = None
         self._loop = asyncio.get_running_loop()

@@ -165,7 +165,9 @@ class LedgerState:
         return not self.waiters and self.fence_durable
 
     @classmethod
-    def load(cls, ledger_id: int, info: LedgerInfo, last_record: tuple[int, bytes] | None):
+    def load(
+        cls, ledger_id: int, info: LedgerInfo, last_record: tuple[int, bytes] | None
+    ) -> LedgerState:
         """Rebuild the cache from the engine: the info and the last stored entry, if any."""
         state = cls(ledger_id, info.master_key, view_of(info))
         state.explicit_lac = unpack_proof(info.explicit_lac)

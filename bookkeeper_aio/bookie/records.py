@@ -54,13 +54,13 @@ def entries_record(ledger_id: int, entries: list[tuple[int, Record]]) -> tuple[i
     if len(entries) == 1:
         return REC_ENTRY, entry_body(ledger_id, *entries[0])
     pack = PACKED_ENTRY_PREFIX.pack
-    parts = [LEDGER_KEY.pack(ledger_id)]
+    parts: list[Record] = [LEDGER_KEY.pack(ledger_id)]
     for entry_id, record in entries:
         parts += (pack(entry_id, len(record)), record)
     return REC_ENTRIES, tuple(parts)
 
 
-def unpack_entries(body: bytes) -> tuple[int, list[tuple[int, bytes]]]:
+def unpack_entries(body: bytes) -> tuple[int, list[tuple[int, Record]]]:
     """The ledger id and the (entry id, record) pairs of a ``REC_ENTRIES`` body.
 
     Raises:

@@ -108,9 +108,9 @@ class Bookie:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def serve(cls, config: BookieConfig, **kwargs: object) -> AsyncIterator[Bookie]:
+    async def serve(cls, config: BookieConfig, **kwargs: Any) -> AsyncIterator[Bookie]:
         """Start a bookie, yield it, stop it."""
-        bookie = cls(config, **kwargs)  # type: ignore[arg-type]
+        bookie = cls(config, **kwargs)
         await bookie.start()
         try:
             yield bookie
@@ -273,11 +273,11 @@ class Bookie:
         return task
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
+        exc = None if task.cancelled() else task.exception()
+        if exc is None:
             return
-        exc = task.exception()
         log.critical("background loop %s failed", task.get_name(), exc_info=exc)
-        self._fatal(exc)  # type: ignore[arg-type]
+        self._fatal(exc)
 
     async def _checkpoint_loop(self) -> None:
         assert self._journal is not None

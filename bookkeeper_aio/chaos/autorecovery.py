@@ -21,7 +21,7 @@ from .. import BookKeeper, sandbox
 from ..autorecovery.checker import check_ledger
 from ..errors import NoSuchLedgerError
 from ..metadata.underreplication import read_mark
-from .base import _event_wait
+from .base import _ChaosState, _event_wait
 
 WQ_WAIT_S = 90.0
 AUTORECOVERY_SETTINGS = (
@@ -57,7 +57,7 @@ async def _describe(bk: BookKeeper, lid: int, lost: set[str]) -> str:
     return f"ledger {lid} {md.state.value}: {rows}, {said}"
 
 
-class _Autorecovery:
+class _Autorecovery(_ChaosState):
     """Methods of :class:`~bookkeeper_aio.chaos.run._Chaos` (its state is theirs)."""
 
     async def lose_bookies(self, count: int) -> None:

@@ -7,15 +7,19 @@ import collections
 import contextlib
 import hashlib
 import signal
-from collections.abc import Awaitable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import (
+    BookKeeper,
     BookKeeperError,
     ClientConfig,
+    LedgerReader,
+    LedgerWriter,
 )
-from ..sandbox import Cluster
+from ..sandbox import BookieProcess, Cluster
 
 PASSWORD = b"chaos"
 CONFIG = ClientConfig(
@@ -206,3 +210,51 @@ def thawed_on_exit(cluster: Cluster) -> Iterator[Cluster]:
             if bookie.running:
                 with contextlib.suppress(ProcessLookupError):
                     bookie.signal(signal.SIGCONT)
+
+
+class _ChaosState:
+    """The state a run's parts share (chaos/faults.py, workload.py, verify.py and
+    autorecovery.py: the bases of :class:`~bookkeeper_aio.chaos.run._Chaos`, which sets it),
+    and the reporting they all use. Declared here so that each part is checked against it."""
+
+    cluster: Cluster
+    bookies: list[BookieProcess]
+    duration_s: float
+    seed: int
+    writers: int
+    rate: float  # entries per second per writer
+    _say: Callable[[str], None]
+    report: ChaosReport
+    ledgers: dict[int, LedgerLog]
+    live: dict[int, LedgerWriter]  # ledgers whose writer is appending
+    unavailable: set[int]  # bookie indexes dead or frozen
+    frozen: set[int]
+    lost: set[int]  # killed for good: never started again
+    starting: set[int]
+    max_unavailable: int
+    stop_faults: asyncio.Event
+    stop_writers: asyncio.Event
+    fault_tasks: set[asyncio.Task[Any]]  # faults, and restarts of bookies that exited
+    closed_final: set[int]
+    last_failure: str  # of the ledger being verified, for the report
+    t0: float
+
+    def say(self, text: str) -> None:
+        self._say(f"t={time.monotonic() - self.t0:6.1f}s  {text}")
+
+    def error(self, text: str) -> None:
+        self.report.errors.append(text)
+        self.say(f"ERROR {text}")
+
+    def name(self, index: int) -> str:
+        return f"bookie-{index} ({self.bookies[index].address})"
+
+    if TYPE_CHECKING:  # one part's methods another part calls (chaos/workload.py)
+
+        async def recover_live(self, bk: BookKeeper, log: LedgerLog, why: str = "") -> None: ...
+
+        async def open(self, bk: BookKeeper, ledger_id: int, *, recovery: bool) -> LedgerReader: ...
+
+        def closed(self, log: LedgerLog, last: int, by: str) -> None: ...
+
+        def compare(self, log: LedgerLog, first: int, entries: list[Any]) -> list[int]: ...

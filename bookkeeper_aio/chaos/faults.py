@@ -8,7 +8,8 @@ import functools
 import itertools
 import random
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from .. import BookKeeper
 from .base import (
@@ -20,11 +21,12 @@ from .base import (
     FROZEN_S,
     TARGETED_FRACTION,
     LedgerLog,
+    _ChaosState,
     _event_wait,
 )
 
 
-class _Faults:
+class _Faults(_ChaosState):
     """Methods of :class:`~bookkeeper_aio.chaos.run._Chaos` (its state is theirs)."""
 
     async def watch(self) -> None:
@@ -99,7 +101,9 @@ class _Faults:
             task.add_done_callback(self.fault_tasks.discard)
 
     async def fault_then(
-        self, fault: Callable[[], Awaitable[None]], recover: Callable[[], Awaitable[None]] | None
+        self,
+        fault: Callable[[], Coroutine[Any, Any, None]],
+        recover: Callable[[], Coroutine[Any, Any, None]] | None,
     ) -> None:
         """Run a fault; start the recovery (if any) as soon as the fault has struck."""
         async with asyncio.TaskGroup() as group:

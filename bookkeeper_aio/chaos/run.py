@@ -63,22 +63,10 @@ class _Chaos(_Faults, _Workload, _Verify, _Autorecovery):
         self.max_unavailable = max(0, min(2, len(self.bookies) - 3))
         self.stop_faults = asyncio.Event()
         self.stop_writers = asyncio.Event()
-        self.fault_tasks: set[asyncio.Task[None]] = set()
+        self.fault_tasks: set[asyncio.Task[Any]] = set()
         self.closed_final: set[int] = set()
         self.last_failure = ""  # of the ledger being verified, for the report
         self.t0 = time.monotonic()
-
-    # --- reporting ------------------------------------------------------------------------
-
-    def say(self, text: str) -> None:
-        self._say(f"t={time.monotonic() - self.t0:6.1f}s  {text}")
-
-    def error(self, text: str) -> None:
-        self.report.errors.append(text)
-        self.say(f"ERROR {text}")
-
-    def name(self, index: int) -> str:
-        return f"bookie-{index} ({self.bookies[index].address})"
 
 
 async def run_chaos(

@@ -18,10 +18,11 @@ from .base import (
     VERIFY_TIMEOUT_S,
     LedgerLog,
     _call,
+    _ChaosState,
 )
 
 
-class _Verify:
+class _Verify(_ChaosState):
     """Methods of :class:`~bookkeeper_aio.chaos.run._Chaos` (its state is theirs)."""
 
     async def verify(self, bk: BookKeeper) -> None:

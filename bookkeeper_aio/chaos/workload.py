@@ -33,13 +33,14 @@ from .base import (
     LedgerLog,
     Stalled,
     _call,
+    _ChaosState,
     _diff,
     _event_wait,
     payload,
 )
 
 
-class _Workload:
+class _Workload(_ChaosState):
     """Methods of :class:`~bookkeeper_aio.chaos.run._Chaos` (its state is theirs)."""
 
     async def writer(self, index: int, bk: BookKeeper) -> None:

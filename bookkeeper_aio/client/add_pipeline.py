@@ -54,6 +54,8 @@ class PendingAdd(AckSet):
         "callback", "digest", "done", "entry_id", "error", "future", "head", "lac", "overloads",
         "payload",
     )  # fmt: skip
+    error: BaseException | None  # set by the writer for an append_callback add
+    overloads: int  # TOO_MANY_REQUESTS answers in a row, set by the writer (rare)
 
     def __init__(
         self, entry_id: int, lac: int, payload: bytes, digest: int, head: bytes,
@@ -78,6 +80,7 @@ class PendingAdd(AckSet):
         future = self.future
         if future is None:
             try:
+                # A callback add (no future): no assert on this hot path.
                 self.callback(self.entry_id, error)  # type: ignore[misc]
             except Exception:  # the caller's bug must not break the writer's bookkeeping
                 log.exception("add callback of entry %d raised", self.entry_id)

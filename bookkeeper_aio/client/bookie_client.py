@@ -40,7 +40,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from ..config import ClientConfig
 from ..errors import (
@@ -83,6 +83,8 @@ from ..protocol import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    Request,
+    Response,
     SharedFrame,
     WriteLacRequest,
     WriteLacResponse,
@@ -204,14 +206,19 @@ class BookieClient(FramedConnection):
                     self._nonsense(entry, str(error))
                     return
                 _deliver(entry[0], error)
-            elif entry[3] | RESPONSE_BIT != msg.OP or msg.status not in KNOWN_STATUSES or (
-                type(msg) is AddBatchResponse and not KNOWN_STATUSES.issuperset(msg.statuses)
-            ):  # fmt: skip
-                self._nonsense(entry, f"{type(msg).__name__} with status {msg.status} to op "
-                                      f"{entry[3]}")  # fmt: skip
+            elif entry[3] | RESPONSE_BIT != msg.OP:  # a request even, which has no status
+                self._nonsense(entry, f"{type(msg).__name__} to op {entry[3]}")
                 return
             else:
-                _deliver(entry[0], msg)
+                response = cast(Response, msg)  # its op is the answer to a request's
+                if response.status not in KNOWN_STATUSES or (
+                    type(response) is AddBatchResponse
+                    and not KNOWN_STATUSES.issuperset(response.statuses)
+                ):
+                    self._nonsense(entry, f"{type(msg).__name__} with status {response.status} "
+                                          f"to op {entry[3]}")  # fmt: skip
+                    return
+                _deliver(entry[0], response)
         if not self._capacity.is_set() and len(pending) < self.config.bookie_requests_in_flight_max:
             self._capacity.set()
         if self.on_drain is not None:
@@ -250,7 +257,9 @@ class BookieClient(FramedConnection):
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def request(self, msg_type: type, *fields: Any, timeout_s: float | None = None):
+    def request(
+        self, msg_type: type[Request], *fields: Any, timeout_s: float | None = None
+    ) -> asyncio.Future[Any]:
         """Send ``msg_type(request_id, *fields)``; a future of the response (any status).
 
         Raises:
@@ -263,7 +272,7 @@ class BookieClient(FramedConnection):
         return fut
 
     def request_callback(
-        self, msg_type: type, *fields: Any, callback: Callable[[Any], None],
+        self, msg_type: type[Request], *fields: Any, callback: Callable[[Any], None],
         timeout_s: float | None = None,
     ) -> None:  # fmt: skip
         """Like :meth:`request`, but ``callback(response or exception)`` is called once, from
@@ -591,7 +600,7 @@ class BookiePool:
         self._backoff[address] = (now + delay, failures)
 
     def send(
-        self, address: str, msg_type: type, *fields: Any, callback: Callable[[Any], None]
+        self, address: str, msg_type: type[Request], *fields: Any, callback: Callable[[Any], None]
     ) -> None:
         """Fire a request and call ``callback(response_or_exception)`` (no await needed).
 

@@ -63,7 +63,7 @@ class ReadRepair:
 
         async def one(copy: ReadResponse, bookie: str) -> None:
             async with window:
-                why = "the ledger's metadata has no master key"
+                why: str | None = "the ledger's metadata has no master key"
                 if key:
                     why = await write_copy(self.ctx, self.md.ledger_id, key, bookie, copy)
             if why is None:

@@ -120,11 +120,11 @@ class LedgerReader:
                 return
             loop = asyncio.get_running_loop()
             started, before = loop.time(), self.last_add_confirmed
-            lac, entry = await long_poll(self.ctx, self.metadata, before)
+            lac, polled = await long_poll(self.ctx, self.metadata, before)
             if lac > before:
                 self.last_add_confirmed = lac
-                if entry is not None and entry.entry_id == next_id <= lac:
-                    yield entry  # the answer carried it (digest checked): no second read
+                if polled is not None and polled.entry_id == next_id <= lac:
+                    yield polled  # the answer carried it (digest checked): no second read
                     next_id += 1
                 continue
             # No progress: maybe the writer closed (or changed ensemble).

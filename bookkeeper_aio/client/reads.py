@@ -65,6 +65,7 @@ def entry_ok(ledger_id: int, entry_id: int, response: Any) -> bool:
         and response.status == StatusCode.OK
         and response.entry_id == entry_id
         and response.payload is not None
+        and response.entry_lac is not None
         and response.digest
         == entry_digest(ledger_id, response.entry_id, response.entry_lac, response.payload)
     )
@@ -109,10 +110,12 @@ async def write_copy(
     if type(answer) is AddResponse and answer.status == StatusCode.OK:
         return None
     status = getattr(answer, "status", None)
+    if status is None:  # not a response: an exception
+        return str(answer)
     try:
         return StatusCode(status).name
-    except ValueError:  # not a status: an exception, or a number we do not know
-        return str(answer if status is None else status)
+    except ValueError:  # a number we do not know
+        return str(status)
 
 
 def replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
@@ -182,8 +185,10 @@ async def read_entry(
     finally:
         for task in pending:
             task.cancel()
-    for bookie in bad:  # no good copy to repair them from
-        short(bookie, entry_id)  # type: ignore[misc]
+    if bad:  # no good copy to repair them from
+        assert short is not None  # bad copies are gathered only to be reported short
+        for bookie in bad:
+            short(bookie, entry_id)
     if negatives == md.write_quorum:
         raise NoSuchEntryError(f"ledger {lid}: no replica has entry {entry_id}")
     raise ReadError(f"ledger {lid}: no good copy of entry {entry_id}")
@@ -204,8 +209,10 @@ async def long_poll(
         result = await request(ctx, bookie, ReadRequest, *fields, timeout_s=timeout_s)
         if type(result) is ReadResponse and result.status == StatusCode.OK:
             lac = proof_lac(md.ledger_id, result.lac_proof)
-            ok = entry_ok(md.ledger_id, entry_id, result)
-            entry = LedgerEntry(entry_id, result.payload) if ok else None
+            entry = None
+            if entry_ok(md.ledger_id, entry_id, result):
+                assert result.payload is not None  # entry_ok checked it
+                entry = LedgerEntry(entry_id, result.payload)
             return max(lac, previous_lac), entry
     return previous_lac, None
 

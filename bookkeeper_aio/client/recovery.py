@@ -423,9 +423,8 @@ async def _write_round(
         return failed
 
     def batch_answered(ids: list[int], index: int, result: Any) -> None:
-        statuses = getattr(result, "statuses", None)
-        if type(result) is AddBatchResponse and len(statuses) == len(ids):
-            for entry_id, status in zip(ids, statuses, strict=True):
+        if type(result) is AddBatchResponse and len(result.statuses) == len(ids):
+            for entry_id, status in zip(ids, result.statuses, strict=True):
                 answered(entry_id, index, AddResponse(0, status, md.ledger_id, entry_id))
         else:  # refused as a whole, an error, a lost connection: none of them stored
             for entry_id in ids:

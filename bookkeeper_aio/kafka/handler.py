@@ -125,7 +125,7 @@ class RequestHandler:
             return m.ProducePartitionResponse(index, ErrorCode.REQUEST_TIMED_OUT)
         if future.cancelled() or future.exception() is not None:
             exc = future.exception() if not future.cancelled() else asyncio.CancelledError()
-            return m.ProducePartitionResponse(index, _code(exc, "append"))  # type: ignore[arg-type]
+            return m.ProducePartitionResponse(index, _code(exc, "append"))
         return m.ProducePartitionResponse(index, ErrorCode.NONE, base, 0)
 
     # --- fetch ----------------------------------------------------------------------------

@@ -244,7 +244,7 @@ class LogPartition:
     async def _entries(self, first: int, last: int) -> list[bytes]:
         """Entries from ``first`` (not past ``last``): from the tail cache when it holds
         ``first``, else one read_log call."""
-        cached = []
+        cached: list[bytes] = []
         while first + len(cached) <= last and (entry := self._tail.get(first + len(cached))):
             cached.append(entry)
         if cached:

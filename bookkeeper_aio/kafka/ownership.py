@@ -115,7 +115,7 @@ class Membership:
                 self.claims += 1
                 return None
             except MetadataVersionError as exc:
-                current = exc.current  # type: ignore[assignment]
+                current = exc.current
         raise MetadataUnavailableError(f"claim of {key} lost {CLAIM_ATTEMPTS_MAX} races")
 
     async def owner(self, key: str) -> GatewayInfo | None:

@@ -208,8 +208,8 @@ class OwnedPartition:
     def _on_ack(self, future: asyncio.Future[None]) -> None:
         if future.cancelled():
             self.fail(NotLeaderError("append cancelled"))
-        elif future.exception() is not None:
-            self.fail(future.exception())  # type: ignore[arg-type]
+        elif (exc := future.exception()) is not None:
+            self.fail(exc)
 
     def _check_owned(self) -> None:
         if self.state is not PartitionState.OWNED:

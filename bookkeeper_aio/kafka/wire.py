@@ -17,6 +17,7 @@ not decode or are left over.
 from __future__ import annotations
 
 import struct
+from typing import Literal, overload
 
 from . import messages as m
 from .errors import ProtocolDecodeError
@@ -122,6 +123,14 @@ def _count(n: int) -> int:
     if n < -1:
         raise ProtocolDecodeError(f"array of {n} elements")
     return max(n, 0)
+
+
+@overload
+def _string(frame: bytes, pos: int, nullable: Literal[False] = False) -> tuple[str, int]: ...
+
+
+@overload
+def _string(frame: bytes, pos: int, nullable: bool) -> tuple[str | None, int]: ...
 
 
 def _string(frame: bytes, pos: int, nullable: bool = False) -> tuple[str | None, int]:

@@ -31,6 +31,7 @@ import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..client.reader import LedgerReader
@@ -299,8 +300,9 @@ class LogReader:
             for task in (poll, changed):
                 task.cancel()
             await asyncio.gather(poll, changed, return_exceptions=True)
-        if changed.done() and not changed.cancelled() and changed.exception() is not None:
-            raise changed.exception()  # type: ignore[misc]
+        failure = changed.exception() if changed.done() and not changed.cancelled() else None
+        if failure is not None:
+            raise failure
         if not poll.done() or poll.cancelled():
             return  # the log moved: re-read from its new metadata
         lac, entry = poll.result()
@@ -410,7 +412,7 @@ async def read_records(
             break
         segment = md.segments[index]
         if segment.is_open:
-            opened = await retried(lambda s=segment: cache.get(s.ledger_id), moved, logs)
+            opened = await retried(partial(cache.get, segment.ledger_id), moved, logs)
             end = opened.last_add_confirmed
         else:
             end = segment.end_offset - 1 - segment.first_offset
@@ -419,7 +421,7 @@ async def read_records(
         while first <= stop:
             chunk = min(stop, first + logs.config.reads_parallel_max - 1)
             entries = await retried(
-                lambda s=segment, a=first, b=chunk: cache.read(s.ledger_id, a, b), moved, logs
+                partial(cache.read, segment.ledger_id, first, chunk), moved, logs
             )
             records += [LogRecord(segment.first_offset + e.entry_id, e.payload) for e in entries]
             first = chunk + 1

@@ -19,8 +19,9 @@ Lease grants are retried too: a lease granted by a lost attempt has no keys and 
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
+from functools import partial
 from typing import Any
 
 import aetcd
@@ -269,7 +270,7 @@ class EtcdMetadataStore(EtcdKeys):
         start, end = prefix, prefix_end(prefix)
         while True:
             page = await self.conn.call(
-                lambda c, s=start: self._range_page(c, s, end, keys_only=True), "list ledgers"
+                partial(self._range_page, start=start, end=end, keys_only=True), "list ledgers"
             )
             keys = [kv.key for kv in page.kvs]
             for key in keys:
@@ -280,7 +281,7 @@ class EtcdMetadataStore(EtcdKeys):
 
     async def watch_ledger(
         self, ledger_id: int, since_version: int = 0
-    ) -> AsyncIterator[Versioned | None]:
+    ) -> AsyncGenerator[Versioned | None, None]:
         key = self._ledger_key(ledger_id)
         first = True
         while True:  # once, plus once per compaction of the history it needs
@@ -336,7 +337,7 @@ class EtcdMetadataStore(EtcdKeys):
     async def list_bookies(self) -> dict[str, BookieInfo]:
         return (await self._bookies())[0]
 
-    async def watch_bookies(self) -> AsyncIterator[dict[str, BookieInfo]]:
+    async def watch_bookies(self) -> AsyncGenerator[dict[str, BookieInfo], None]:
         prefix = self._key("bookies", "")
         while True:  # once, plus once per compaction
             bookies, revision = await self._bookies()
@@ -403,7 +404,11 @@ class EtcdMetadataStore(EtcdKeys):
             "init cluster", compare=[tx.Create(key) == 0], success=[tx.Put(key, new_id.encode())],
             failure=[tx.Get(key)],
         )  # fmt: skip
-        return new_id if ok else _got(responses).value.decode()
+        if ok:
+            return new_id
+        found = _got(responses)
+        assert found is not None  # the key's creation failed in the same transaction: it exists
+        return found.value.decode()
 
     async def get_instance_id(self) -> str | None:
         key = self._key("instanceid")

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import aetcd
@@ -205,7 +205,7 @@ class EtcdConnection:
 
     async def watch(
         self, key: bytes, range_end: bytes | None, start_revision: int
-    ) -> AsyncIterator[rtypes.Event]:
+    ) -> AsyncGenerator[rtypes.Event, None]:
         """Events for ``[key, range_end)`` from ``start_revision`` on, across disconnects.
 
         Ends when the connection is closed.
@@ -216,13 +216,12 @@ class EtcdConnection:
         """
         next_revision = start_revision
         while not self.closed:
+
+            async def open_watch(c: aetcd.Client, start: int = next_revision) -> Any:
+                return await c.watch(key, range_end=range_end, start_revision=start)
+
             try:
-                watch = await self.call(
-                    lambda c, start=next_revision: c.watch(
-                        key, range_end=range_end, start_revision=start
-                    ),
-                    f"watch {key!r}",
-                )
+                watch = await self.call(open_watch, f"watch {key!r}")
             except MetadataUnavailableError as exc:
                 if isinstance(exc.__cause__, aex.RevisionCompactedError):
                     raise WatchCompactedError(str(exc)) from exc.__cause__

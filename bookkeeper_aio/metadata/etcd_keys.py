@@ -17,8 +17,9 @@ needs the store's ``conn``, ``config``, ``_key`` and ``_txn``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import aetcd
@@ -137,7 +138,7 @@ class EtcdKeys:
         start, end = p, prefix_end(p)
         while True:
             page = await self.conn.call(
-                lambda c, s=start: self._range_page(c, s, end), f"list {prefix}"
+                partial(self._range_page, start=start, end=end), f"list {prefix}"
             )
             for kv in page.kvs:
                 yield kv.key[root_len:].decode(), _versioned(kv)
@@ -160,7 +161,7 @@ class EtcdKeys:
         reply = await self.conn.call(lambda c: c.delete_prefix(p), f"delete {prefix}")
         return int(reply.deleted)
 
-    async def watch(self, key: str) -> AsyncIterator[Versioned[bytes] | None]:
+    async def watch(self, key: str) -> AsyncGenerator[Versioned[bytes] | None, None]:
         k = self._user_key(key)
         while True:  # once, plus once per compaction of the history it needs
             # One range read gives the value and the revision it was read at (also when the
@@ -176,7 +177,7 @@ class EtcdKeys:
             except WatchCompactedError:
                 self.conn.counters["watch_compacted"] += 1
 
-    async def watch_prefix(self, prefix: str) -> AsyncIterator[dict[str, Versioned[bytes]]]:
+    async def watch_prefix(self, prefix: str) -> AsyncGenerator[dict[str, Versioned[bytes]], None]:
         p = self._user_key(prefix, prefix=True)
         root_len = len(self._key(""))
         while True:  # once, plus once per compaction

@@ -46,6 +46,8 @@ def _read(path: str | None) -> bytes | None:
 class TlsClient(aetcd.Client):
     """aetcd's client on a TLS channel (see the module docstring)."""
 
+    _is_connecting: bool  # aetcd's own (its connect is the model of ours)
+
     def __init__(self, *args: Any, credentials: grpc.ChannelCredentials, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._credentials = credentials

@@ -58,7 +58,7 @@ def _packed_hex(text: str) -> str | bytes:
 
 
 def _unpacked_hex(value: str | bytes) -> str:
-    return value.hex() if type(value) is bytes else value  # type: ignore[return-value]
+    return value if isinstance(value, str) else value.hex()
 
 
 def decode_record(ledger_id: int, data: bytes) -> tuple[LedgerMetadata, int]:

@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import MetadataConfig
 from ..errors import MetadataUnavailableError, MetadataVersionError
@@ -114,9 +115,10 @@ class MemoryState:
         for key in sorted(lease.keys):
             self.bump()
             self.keys.delete(key)
-        found = self.bookies.get(lease.bookie_id) if lease.bookie_id else None
-        if found is not None and found[1] == lease_id:
-            del self.bookies[lease.bookie_id]  # type: ignore[arg-type]
+        bookie_id = lease.bookie_id
+        found = self.bookies.get(bookie_id) if bookie_id else None
+        if bookie_id and found is not None and found[1] == lease_id:
+            del self.bookies[bookie_id]
             self.bump()
             self.notify_bookies()
 
@@ -200,10 +202,10 @@ class MemoryMetadataStore(MemoryKeys):
 
     @classmethod
     def named(
-        cls, name: str, config: MetadataConfig | None = None, **kwargs: object
+        cls, name: str, config: MetadataConfig | None = None, **kwargs: Any
     ) -> MemoryMetadataStore:
         """A store sharing state with every other store of this name in the process."""
-        return cls(_NAMED.setdefault(name, MemoryState()), config, **kwargs)  # type: ignore[arg-type]
+        return cls(_NAMED.setdefault(name, MemoryState()), config, **kwargs)
 
     @staticmethod
     def forget(name: str) -> None:
@@ -352,7 +354,7 @@ class MemoryMetadataStore(MemoryKeys):
 
     async def watch_ledger(
         self, ledger_id: int, since_version: int = 0
-    ) -> AsyncIterator[Versioned | None]:
+    ) -> AsyncGenerator[Versioned | None, None]:
         await self._before()
         queue: asyncio.Queue[Versioned | None] = asyncio.Queue(self.config.watch_queue_max)
         watchers = self.state.ledger_watchers.setdefault(ledger_id, [])
@@ -397,7 +399,7 @@ class MemoryMetadataStore(MemoryKeys):
         await self._before()
         return self.state.snapshot()
 
-    async def watch_bookies(self) -> AsyncIterator[dict[str, BookieInfo]]:
+    async def watch_bookies(self) -> AsyncGenerator[dict[str, BookieInfo], None]:
         await self._before()
         queue: asyncio.Queue[dict[str, BookieInfo]] = asyncio.Queue(self.config.watch_queue_max)
         self.state.bookie_watchers.append(queue)

@@ -18,7 +18,7 @@ and goes through the store's injected faults like every other call.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -187,13 +187,13 @@ class MemoryKeys:
         self._after()
         return len(doomed)
 
-    async def watch(self, key: str) -> AsyncIterator[Versioned[bytes] | None]:
+    async def watch(self, key: str) -> AsyncGenerator[Versioned[bytes] | None, None]:
         await self._before()
         check_key(key)
         async for state in self._watch(key, True, self.state.keys.get(key)):
             yield state
 
-    async def watch_prefix(self, prefix: str) -> AsyncIterator[dict[str, Versioned[bytes]]]:
+    async def watch_prefix(self, prefix: str) -> AsyncGenerator[dict[str, Versioned[bytes]], None]:
         await self._before()
         check_key(prefix, prefix=True)
         async for snapshot in self._watch(prefix, False, dict(self.state.keys.items(prefix))):

@@ -35,7 +35,7 @@ import json
 import random
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import NamedTuple, Protocol, TypeVar
 from urllib.parse import parse_qsl, unquote
 
@@ -143,7 +143,7 @@ class MetadataStore(Protocol):
 
     def watch_ledger(
         self, ledger_id: int, since_version: int = 0
-    ) -> AsyncIterator[Versioned | None]:
+    ) -> AsyncGenerator[Versioned | None, None]:
         """Each stored value newer than ``since_version`` (the current one first), in version
         order; ``None`` then the end when the ledger is deleted. Raises NoSuchLedgerError if
         it does not exist when the watch starts."""
@@ -169,7 +169,7 @@ class MetadataStore(Protocol):
         """The registered (live) bookies by id, sorted."""
         ...
 
-    def watch_bookies(self) -> AsyncIterator[dict[str, BookieInfo]]:
+    def watch_bookies(self) -> AsyncGenerator[dict[str, BookieInfo], None]:
         """Snapshots of the registered bookies: the current one, then one per change."""
         ...
 
@@ -242,12 +242,12 @@ class MetadataStore(Protocol):
         """Delete every key under ``prefix``; how many there were."""
         ...
 
-    def watch(self, key: str) -> AsyncIterator[Versioned[bytes] | None]:
+    def watch(self, key: str) -> AsyncGenerator[Versioned[bytes] | None, None]:
         """The key's state: the current one first (None when absent), then one per change
         (None on delete). Runs until the caller stops or the store closes."""
         ...
 
-    def watch_prefix(self, prefix: str) -> AsyncIterator[dict[str, Versioned[bytes]]]:
+    def watch_prefix(self, prefix: str) -> AsyncGenerator[dict[str, Versioned[bytes]], None]:
         """Snapshots of the keys under ``prefix``: the current one, then one per change. A
         watcher that falls behind skips to the latest snapshot."""
         ...
@@ -327,7 +327,7 @@ async def update_key(
             stored = await store.put(key, data, expected_version=current.version)
             return Versioned(new, stored.version)
         except MetadataVersionError as exc:
-            current = decode(exc.current)  # type: ignore[arg-type]
+            current = decode(exc.current)
         except MetadataUnavailableError:
             # The write may have landed and only its reply been lost: look (this read may
             # fail too, and then the caller sees the store is unavailable).

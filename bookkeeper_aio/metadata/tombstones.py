@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..errors import IncorrectParameterError, MetadataFormatError, MetadataVersionError
 from .model import Versioned
@@ -190,6 +191,8 @@ async def set_cluster_option(store: MetadataStore, name: str, value: bool) -> Cl
             f"unknown cluster option {name!r}; known: {', '.join(CLUSTER_OPTIONS)}"
         )
 
+    changes: dict[str, Any] = {name: value}
+
     def decode(found: Versioned[bytes] | None) -> Versioned[ClusterOptions]:
         if found is None:
             return Versioned(ClusterOptions(), 0)
@@ -197,6 +200,6 @@ async def set_cluster_option(store: MetadataStore, name: str, value: bool) -> Cl
 
     stored = await update_key(
         store, CLUSTER_CONFIG_KEY, decode, lambda o: o.to_json_bytes(),
-        lambda o: replace(o, **{name: value}), CAS_ATTEMPTS_MAX,
+        lambda o: replace(o, **changes), CAS_ATTEMPTS_MAX,
     )  # fmt: skip
     return stored.value

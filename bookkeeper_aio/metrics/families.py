@@ -40,12 +40,16 @@ def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 def labelled(
-    kind: type[Metric], name: str, doc: str, label: str, values: Mapping[str, float]
+    kind: type[CounterMetricFamily | GaugeMetricFamily],
+    name: str,
+    doc: str,
+    label: str,
+    values: Mapping[str, float],
 ) -> Metric:
     """One family, one sample per ``values`` key under the label ``label``."""
     family = kind(name, doc, labels=[label])
     for key in sorted(values):
-        family.add_metric([key], values[key])  # type: ignore[attr-defined]
+        family.add_metric([key], values[key])
     return family
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from ..errors import BookKeeperError, ConfigError
@@ -207,7 +207,7 @@ async def _kafka_command(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    run: Callable[[argparse.Namespace], Awaitable[Any]] = args.run
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, Any]] = args.run
     try:
         result = asyncio.run(run(args))
     except (BookKeeperError, KafkaError, OSError) as exc:

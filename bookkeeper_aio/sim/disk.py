@@ -74,7 +74,7 @@ class SimJournal:
         return list(self.disk.journal)
 
     def append(self, rtype: int, body: Body, callback: Callback) -> None:
-        data = b"".join(body) if type(body) is tuple else bytes(body)
+        data = b"".join(body) if isinstance(body, tuple) else bytes(body)
         self._queue.append((JournalRecord(rtype, data), callback))
         if self._timer is None:
             loop = asyncio.get_running_loop()
@@ -134,7 +134,7 @@ class FaultyEngine:
             self.errors += 1
             raise OSError(f"simulated I/O error on {what}")
 
-    def put_entry(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+    def put_entry(self, ledger_id: int, entry_id: int, record: Record) -> None:
         self._maybe_fail("put_entry")
         self.inner.put_entry(ledger_id, entry_id, record)
 

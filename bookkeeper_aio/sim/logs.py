@@ -109,11 +109,11 @@ class LogAct:
         if not has_log_act(self.world.seed):
             return
         sc, world, loop = self.sc, self.world, asyncio.get_running_loop()
-        world.state.keys.on_key = self.checks.key_written  # type: ignore[attr-defined]
+        world.state.keys.on_key = self.checks.key_written
         self.history.note(f"log act: {sc}")
         admin = self.run._client("log-admin")
         for name in self.names:
-            await self._retry(lambda n=name: admin.create_log(  # type: ignore[misc]
+            await self._retry(lambda n=name: admin.create_log(
                 n, ensemble_size=sc.quorum[0], write_quorum=sc.quorum[1],
                 ack_quorum=sc.quorum[2], segment_entries_max=sc.segment_entries_max,
                 retention_bytes=sc.retention_bytes, exist_ok=True,

@@ -16,6 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import selectors
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _typeshed import FileDescriptorLike
 
 
 class Deadlock(RuntimeError):
@@ -32,20 +37,22 @@ SPIN_ITERATIONS_MAX = 200_000  # loop iterations in a row without the clock movi
 class _VirtualSelector(selectors.BaseSelector):
     def __init__(self, loop: VirtualTimeLoop) -> None:
         self._loop = loop
-        self._keys: dict[int, selectors.SelectorKey] = {}
+        self._keys: dict[FileDescriptorLike, selectors.SelectorKey] = {}  # by fd
         self._spins = 0
 
-    def register(self, fileobj, events, data=None):  # type: ignore[no-untyped-def]
+    def register(
+        self, fileobj: FileDescriptorLike, events: int, data: Any = None
+    ) -> selectors.SelectorKey:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
         key = selectors.SelectorKey(fileobj, fd, events, data)
         self._keys[fd] = key
         return key
 
-    def unregister(self, fileobj):  # type: ignore[no-untyped-def]
+    def unregister(self, fileobj: FileDescriptorLike) -> selectors.SelectorKey:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
         return self._keys.pop(fd)
 
-    def select(self, timeout=None):  # type: ignore[no-untyped-def]
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is None:
             raise Deadlock("every task waits and no timer is scheduled")
         if timeout > 0:
@@ -57,7 +64,7 @@ class _VirtualSelector(selectors.BaseSelector):
                 raise Livelock(f"{self._spins} loop iterations without virtual time passing")
         return []
 
-    def get_map(self):  # type: ignore[no-untyped-def]
+    def get_map(self) -> Mapping[FileDescriptorLike, selectors.SelectorKey]:
         return self._keys
 
     def close(self) -> None:

@@ -145,7 +145,7 @@ class NodeNetwork:
         server.attach(server_protocol)
         client.attach(client_protocol)
         net.counters["connections"] += 1
-        return client, client_protocol  # type: ignore[return-value]
+        return client, client_protocol
 
 
 class SimTransport(asyncio.Transport):

@@ -144,7 +144,7 @@ class RaceAgent:
         return md is not None and md.value.state.name == "OPEN"
 
     def _pending(self, lid: int) -> int:
-        return int(self.run.writers[lid].statistics()["pending_adds"])  # type: ignore[attr-defined]
+        return int(self.run.writers[lid].statistics()["pending_adds"])
 
     def _ensemble(self, lid: int) -> list[Any]:
         md = self.run.world.ledger(lid)
@@ -204,7 +204,7 @@ class RaceAgent:
         if md is None or md.value.state.name != "OPEN" or len(md.value.ensembles) == segments:
             run.history.note(f"{racer}: no ensemble change of ledger {lid} to race")
             return
-        stats = run.writers[lid].statistics()  # type: ignore[attr-defined]
+        stats = run.writers[lid].statistics()
         run.history.note(
             f"{racer}: ledger {lid} segments {[f for f, _ in md.value.ensembles]}, writer's "
             f"LAC {stats['last_add_confirmed']} (its last add carried {run.draining.get(lid)}), "
@@ -239,7 +239,7 @@ class RaceAgent:
 
     def _lac_moved_on(self, lid: int) -> bool:
         sent = self.run.draining.get(lid)
-        stats = self.run.writers[lid].statistics()  # type: ignore[attr-defined]
+        stats = self.run.writers[lid].statistics()
         return sent is not None and stats["last_add_confirmed"] > sent
 
     async def _recover(self, racer: str, lid: int) -> None:

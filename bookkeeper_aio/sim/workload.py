@@ -28,15 +28,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BookKeeperError
 from ..quorum import write_set
 from .checkers import History, check_all
 from .gwq import GwqCoin
 from .logs import LogAct
-from .world import Faults, World, close_client
+from .world import Faults, SimBookie, World, close_client
+
+if TYPE_CHECKING:
+    from ..client.bookkeeper import BookKeeper
+    from ..client.writer import LedgerWriter
 
 QUORUMS = ((3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (4, 2, 2), (5, 3, 2), (2, 2, 2))
 STORM_QUORUMS = ((2, 2, 2), (2, 2, 2), (3, 3, 3), (3, 3, 2))
@@ -179,14 +185,14 @@ class Run:
         self.rng = random.Random(world.rng.getrandbits(64))
         self.gwq_coin = GwqCoin(world.seed)  # guaranteed write quorum ledgers (sim/gwq.py)
         self.ledger_ids: list[int] = []
-        self.tasks: list[asyncio.Task[None]] = []
+        self.tasks: list[asyncio.Task[object]] = []
         # Without the journal a power loss drops acknowledged copies until the integrity
         # check repairs them: AllCommittedEntriesReachAckQuorum does not hold then.
         self.quorum_check = scenario.journal_write_data and scenario.autorecovery is None
         self.ar: Any = None  # sim/autorecovery.AutorecoveryAgents in autorecovery seeds
         self.last_power_loss_s = -1e9
         self.client_names: list[str] = []
-        self.writers: dict[int, object] = {}  # ledger id -> its LedgerWriter (god's view)
+        self.writers: dict[int, LedgerWriter] = {}  # ledger id -> its LedgerWriter (god's view)
         # ledger id -> (its writer's client name, the task writing it): race seeds kill it
         self.sessions: dict[int, tuple[str, asyncio.Task[Any]]] = {}
         self.draining: dict[int, int] = {}  # ledger id -> writer's LAC when it sent its last add
@@ -195,7 +201,7 @@ class Run:
         self.acked_copies_lost = 0  # acknowledged copies that power losses took away
         self.log_stats: dict[str, int] = {}  # the log act's (sim/logs.py)
 
-    def spawn(self, coro, name: str) -> None:  # type: ignore[no-untyped-def]
+    def spawn(self, coro: Coroutine[Any, Any, object], name: str) -> None:
         self.tasks.append(asyncio.create_task(coro, name=name))
 
     def check(self) -> None:
@@ -206,7 +212,7 @@ class Run:
     async def play(self) -> None:
         world, sc = self.world, self.sc
         world.journal_write_data = sc.journal_write_data
-        racks = [None] * sc.bookies
+        racks: list[str | None] = [None] * sc.bookies
         if sc.autorecovery is not None:
             from .autorecovery import AutorecoveryAgents, rack_for
 
@@ -266,7 +272,7 @@ class Run:
             finally:
                 await close_client(bk)
 
-    async def _session(self, bk, name: str) -> None:  # type: ignore[no-untyped-def]
+    async def _session(self, bk: BookKeeper, name: str) -> None:
         if self.sc.race is None:
             return await self._write_ledger(bk, name)  # (no extra task: seeds play as before)
         # Its own task: the race agent may kill it (the process dies; see kill_writer).
@@ -278,7 +284,7 @@ class Run:
         if not session.cancelled() and (exc := session.exception()) is not None:
             raise exc
 
-    async def _write_ledger(self, bk, name: str) -> None:  # type: ignore[no-untyped-def]
+    async def _write_ledger(self, bk: BookKeeper, name: str) -> None:
         h, rng, (e, wq, aq) = self.history, self.rng, self.sc.quorum
         gwq = self.gwq_coin(wq, aq)
         writer = await bk.create_ledger(e, wq, aq, PASSWORD, guaranteed_write_quorum=gwq)
@@ -296,14 +302,16 @@ class Run:
         # Bursts of adds with pauses between them, spread over the fault phase.
         pause_s = self.sc.fault_phase_s / self.sc.ledgers_per_writer / (entries / window + 1)
         self.writers[lid] = writer
-        self.sessions[lid] = (name, asyncio.current_task())  # type: ignore[assignment]
+        task = asyncio.current_task()
+        assert task is not None  # a session runs in a task of its own or its agent's
+        self.sessions[lid] = (name, task)
         carried = -1  # the LAC the last add carried
         for n in range(entries):
             payload = f"{lid}:{n}".encode()
             h.sent(lid, n, payload)
             carried = writer.last_add_confirmed
             future = writer.append_nowait(payload)
-            future.add_done_callback(lambda f, n=n: self._on_ack(lid, n, f))
+            future.add_done_callback(partial(self._on_ack, lid, n))
             outstanding.append(future)
             if len(outstanding) >= window:
                 await outstanding.pop(0)
@@ -401,7 +409,7 @@ class Run:
         finally:
             await close_client(bk)
 
-    def _client(self, name: str):  # type: ignore[no-untyped-def]
+    def _client(self, name: str) -> BookKeeper:
         self.client_names.append(name)
         return self.world.client(name)
 
@@ -514,7 +522,7 @@ class Run:
                 return
             await asyncio.sleep(0.004)
 
-    def _crash(self, node, *, power: bool) -> None:  # type: ignore[no-untyped-def]
+    def _crash(self, node: SimBookie, *, power: bool) -> None:
         held = self._acked_copies(node) if power else set()
         node.crash(power_loss=power)
         if power:
@@ -524,7 +532,7 @@ class Run:
         self.history.note(f"{node.name} crashes ({'power loss' if power else 'kill -9'})")
         self.spawn(self._restart_later(node), f"restart-{node.name}")
 
-    def _acked_copies(self, node) -> set[tuple[int, int]]:  # type: ignore[no-untyped-def]
+    def _acked_copies(self, node: SimBookie) -> set[tuple[int, int]]:
         """(ledger, entry) of the acknowledged entries ``node`` holds (statistics only)."""
         held = set()
         for lid, h in self.history.ledgers.items():
@@ -539,7 +547,7 @@ class Run:
                     held.add((lid, entry_id))
         return held
 
-    async def _restart_later(self, node) -> None:  # type: ignore[no-untyped-def]
+    async def _restart_later(self, node: SimBookie) -> None:
         await asyncio.sleep(self.rng.uniform(*self.sc.restart_s))
         await self._start(node)
         if not self.sc.recover_on_restart or self.healing:
@@ -554,7 +562,7 @@ class Run:
                 name = f"recoverer-{node.name}-{node.incarnation}"
                 self.spawn(self._recover_and_read(name, lid), name)
 
-    async def _start(self, node) -> None:  # type: ignore[no-untyped-def]
+    async def _start(self, node: SimBookie) -> None:
         while not node.up and not node.lost:
             try:
                 await node.start()

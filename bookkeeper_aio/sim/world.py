@@ -68,6 +68,8 @@ CLIENT_CONFIG = ClientConfig(
 class RecordingState(MemoryState):
     """The shared metadata state, reporting every ledger version it stores."""
 
+    keys: RecordingKeySpace  # World gives it one
+
     on_metadata: Callable[[int, Versioned | None], None] | None = None
 
     def notify_ledger(self, ledger_id: int, value: Versioned | None) -> None:

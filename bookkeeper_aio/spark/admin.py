@@ -29,7 +29,7 @@ from .sweep import bounded_map, job_ledgers
 async def describe_jobs(bk: BookKeeper, config: SparkConfig) -> list[dict[str, object]]:
     """Every job: id, log, state, age, attempts, and rows of its DONE attempts."""
     now_ms = wall_clock_ms()
-    rows = []
+    rows: list[dict[str, object]] = []
     for stored in await list_jobs(bk.ctx.metadata):
         job = stored.value
         attempts = await list_attempts(bk.ctx.metadata, job.job_id, config.job_attempts_max)

@@ -43,7 +43,7 @@ from pyspark.sql.datasource import (
 )
 
 from ..config import SparkConfig
-from ..errors import ConfigError, SparkInputError
+from ..errors import ConfigError, SparkInputError, SparkJobError
 from .client import process_client
 from .commit import abort_job, commit_job, log_quorums, open_job
 from .model import attempt_key
@@ -79,9 +79,10 @@ class Options:
             {k: _parse(k, v, hints[k]) for k, v in values.items() if k in hints}, "options"
         )
         to_offset = values.get("to_offset")
-        flags = [_parse(f, values.get(f, "false"), bool) for f in ("create", "skip_nulls")]
+        create, skip_nulls = (_parse(f, values.get(f, "false"), bool)
+                              for f in ("create", "skip_nulls"))  # fmt: skip
         return cls(
-            values["metadata"], values["log"], *flags,
+            values["metadata"], values["log"], create, skip_nulls,
             _parse("from_offset", values.get("from_offset", "0"), int),
             None if to_offset in (None, "") else _parse("to_offset", to_offset, int), config,
         )  # fmt: skip
@@ -145,7 +146,7 @@ class LogReader(DataSourceReader):
         slices = plan(o.uri, o.log, o.from_offset, o.to_offset, o.config)
         return [SlicePartition(s) for s in slices] or [SlicePartition(None)]
 
-    def read(self, partition: SlicePartition) -> Iterator[Any]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:  # a SlicePartition
         piece: LogSlice | None = partition.value
         if piece is None:
             return iter(())
@@ -159,6 +160,11 @@ class AttemptMessage(WriterCommitMessage):
     job_id: str
     key: str
     rows: int
+
+
+def _ours(messages: list[WriterCommitMessage | None]) -> list[AttemptMessage | None]:
+    """The messages Spark hands a committer: what our writers' write() returned."""
+    return typing.cast(list[AttemptMessage | None], messages)
 
 
 def _write_batches(options: Options, job_id: str, batches: Any) -> AttemptMessage:
@@ -182,14 +188,22 @@ class LogWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[Any]) -> AttemptMessage:
         return _write_batches(self.options, self.job_id, iterator)
 
-    def commit(self, messages: list[AttemptMessage | None]) -> None:
-        winners = [m.key for m in messages if m is not None]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        winners = [m.key for m in _ours(messages) if m is not None]
         cfg = self.options.config
         summary = self.options.run(lambda bk: commit_job(bk, self.job_id, cfg, winners=winners))
         log.info("bookkeeper data source: %s", summary)
 
-    def abort(self, messages: list[AttemptMessage | None]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self.options.run(lambda bk: abort_job(bk, self.job_id, self.options.config))
+
+
+def _property(task: Any, name: str) -> str:
+    """A local property Spark sets in the tasks of a streaming query's micro-batch."""
+    value: str | None = task.getLocalProperty(name)
+    if value is None:
+        raise SparkJobError(f"no {name} in this task: not a micro-batch of a streaming query")
+    return value
 
 
 def stream_job_id(log_name: str, query: str, run: str, batch: int) -> str:
@@ -206,16 +220,18 @@ class LogStreamWriter(DataSourceStreamArrowWriter):
         from pyspark import TaskContext
 
         task = TaskContext.get()
-        query = task.getLocalProperty("sql.streaming.queryId")
+        if task is None:
+            raise SparkJobError("a stream writer writes in a Spark task")
+        query = _property(task, "sql.streaming.queryId")
         run = task.getLocalProperty("spark.jobGroup.id") or ""
-        batch = int(task.getLocalProperty("streaming.sql.batchId"))
+        batch = int(_property(task, "streaming.sql.batchId"))
         o = self.options
         job_id = stream_job_id(o.log, query, run, batch)
         o.run(lambda bk: open_job(bk, o.log, job_id=job_id, query=query, batch=batch))
         return _write_batches(o, job_id, iterator)
 
-    def commit(self, messages: list[AttemptMessage | None], batchId: int) -> None:
-        winners = [m for m in messages if m is not None]
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        winners = [m for m in _ours(messages) if m is not None]
         if not winners:
             return  # no partitions: nothing was written, nothing to record
         job_id, cfg = winners[0].job_id, self.options.config
@@ -223,10 +239,10 @@ class LogStreamWriter(DataSourceStreamArrowWriter):
         summary = self.options.run(lambda bk: commit_job(bk, job_id, cfg, winners=keys))
         log.info("bookkeeper stream batch %d: %s", batchId, summary)
 
-    def abort(self, messages: list[AttemptMessage | None], batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Spark may hand no message at all (every task failed): then the job's records are
         # left to cleanup(); the tasks tombstoned and deleted what they could themselves.
-        for job_id in sorted({m.job_id for m in messages if m is not None}):
+        for job_id in sorted({m.job_id for m in _ours(messages) if m is not None}):
             self.options.run(lambda bk, j=job_id: abort_job(bk, j, self.options.config))
 
 

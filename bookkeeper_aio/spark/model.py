@@ -132,7 +132,7 @@ class _JsonRecord:
     STATES: ClassVar[type[enum.Enum]]
 
     def to_json_bytes(self) -> bytes:
-        doc = dataclasses.asdict(self)  # type: ignore[call-overload]
+        doc = dataclasses.asdict(self)  # type: ignore[call-overload]  # (a dataclass's mixin)
         doc.update(state=doc["state"].value, ledgers=list(doc["ledgers"]))
         doc["format_version"] = FORMAT_VERSION
         return json.dumps(doc, sort_keys=True).encode()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any
 
 from ..config import SparkConfig
@@ -66,7 +66,11 @@ def write_attempt(
         for chunk in values:
             if pending is not None:
                 client.wait(pending, timeout_s)
-            pending = client.submit(uri, lambda _, c=chunk: writer.write(c), timeout_s)
+
+            def write(_: Any, c: list[bytes] = chunk) -> Awaitable[None]:
+                return writer.write(c)
+
+            pending = client.submit(uri, write, timeout_s)
         if pending is not None:
             client.wait(pending, timeout_s)
         return client.run(uri, lambda _: writer.finish(), timeout_s)
@@ -191,7 +195,8 @@ class LogSink:
                 bk, self.log, create=self.create, partitions=partitions, query=query, batch=batch
             )
         )
-        accepted = context.accumulator([], _Keys())  # type: ignore[arg-type]
+        # _Keys is an AccumulatorParam by its methods (pyspark is imported only when used).
+        accepted: Any = context.accumulator([], _Keys())  # type: ignore[arg-type]
         job = SinkJob(self.uri, self.log, record.job_id, self.skip_nulls, self.config, accepted)
         try:
             yield job
