@@ -475,7 +475,8 @@ class RequestHandler:
             # with the data, had refused this add) and then deleted. Creating it again would
             # acknowledge an entry of a closed ledger (NoDivergenceBetweenClientAndMetaData).
             refusal = StatusCode.NO_SUCH_LEDGER if recovery else StatusCode.FENCED
-        elif state is None:
+            return self._refused([refusal if s is OK else s for s in statuses]), []
+        if state is None:
             state = self._new_ledger(lid, key, LedgerView.ACTIVE)
             self.journal.append(REC_MASTER_KEY, ledger_body(lid, key), _ignore)
         elif not self._key_ok(state, key):

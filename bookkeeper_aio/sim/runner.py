@@ -206,8 +206,8 @@ def sweep(
         it = iter(seeds)
         try:
             while True:
-                while len(pending) < 2 * count and (seed := next(it, None)) is not None:
-                    pending.append(pool.submit(run_seed, seed, bugs))
+                while len(pending) < 2 * count and (next_seed := next(it, None)) is not None:
+                    pending.append(pool.submit(run_seed, next_seed, bugs))
                 if not pending:
                     return
                 result = pending.popleft().result()
