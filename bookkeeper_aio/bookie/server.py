@@ -214,7 +214,8 @@ class Bookie:
             client_config = ClientConfig()
             pool = BookiePool(self.network, client_config, self.rng)
             self._exit_stack.push_async_callback(pool.close)
-            ctx = ClientContext(client_config, self.metadata, pool, self.rng, PlacementPolicy())
+            ctx = ClientContext(client_config, self.metadata, pool, self.rng, PlacementPolicy(),
+                                wall_clock_ms=self._wall_clock_ms)  # fmt: skip
         self.scrubber = Scrubber(self.config, self.handler, ctx, self.records, self.rng)
         self.handler.scrub_control = self.scrubber.control
         self._tasks.append(self._background(self.scrubber.run(), "bookie-scrubber"))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -142,7 +141,7 @@ class BookKeeper:
             ensemble_size, write_quorum, bookies, self.ctx.rng
         )
         token = uuid.UUID(int=self.ctx.rng.getrandbits(128)).hex
-        ctime_ms = int(time.time() * 1000)  # metadata timestamp only: never used for decisions
+        ctime_ms = self.ctx.wall_clock_ms()  # metadata timestamp only: never used for decisions
 
         def make(ledger_id: int) -> LedgerMetadata:
             return LedgerMetadata(
@@ -191,7 +190,7 @@ class BookKeeper:
         """
         await deletion.delete_ledger(
             self.ctx.metadata, ledger_id, log_tag=LOG_TAG, owner_log=owner_log,
-            now_ms=lambda: int(time.time() * 1000),  # the tombstone's time, for its TTL
+            now_ms=self.ctx.wall_clock_ms,  # the tombstone's time, for its TTL
         )  # fmt: skip
 
     async def mark_archived(self, ledger_id: int) -> None:
@@ -218,7 +217,7 @@ class BookKeeper:
     def logs(self) -> Logs:
         """The logs API of this client."""
         if self._logs is None:
-            self._logs = Logs(self)
+            self._logs = Logs(self, self.ctx.wall_clock_ms)
         return self._logs
 
     async def create_log(

@@ -9,6 +9,8 @@ protocol defects; production code never sets them.
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -46,6 +48,9 @@ class ClientContext:
     placement: PlacementPolicy = field(default_factory=PlacementPolicy)
     bugs: frozenset[str] = frozenset()
     stats: ClientStats = field(default_factory=ClientStats)
+    # Wall-clock milliseconds, for timestamps in metadata and the decisions taken on them
+    # (a log's segment age, its retention, tombstones' TTL): the simulator's is virtual.
+    wall_clock_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))
 
     def has_bug(self, name: str) -> bool:
         assert name in KNOWN_BUGS, name

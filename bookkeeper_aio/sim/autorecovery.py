@@ -112,7 +112,7 @@ class SimAutorecovery:
         rng = random.Random(world.rng.getrandbits(64))
         pool = BookiePool(world.net.view(self.name), CLIENT_CONFIG, rng)
         ctx = ClientContext(CLIENT_CONFIG, world.metadata_store(), pool, rng, PlacementPolicy(),
-                            world.bugs)  # fmt: skip
+                            world.bugs, wall_clock_ms=_virtual_ms)  # fmt: skip
         self.service = Autorecovery(ctx, self.config, self.name, _virtual_ms,
                                     bugs=world.bugs & WORKER_BUGS)  # fmt: skip
         self.task = asyncio.create_task(self.service.run(), name=self.name)

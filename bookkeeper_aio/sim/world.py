@@ -162,7 +162,8 @@ class World:
         config = config or self.client_config
         rng = random.Random(self.rng.getrandbits(64))
         pool = BookiePool(self.net.view(name), config, rng)
-        ctx = ClientContext(config, self.metadata_store(), pool, rng, PlacementPolicy(), self.bugs)
+        ctx = ClientContext(config, self.metadata_store(), pool, rng, PlacementPolicy(), self.bugs,
+                            wall_clock_ms=_loop_clock_ms)  # fmt: skip
         return BookKeeper(ctx)
 
     def ledger(self, ledger_id: int) -> Versioned | None:
