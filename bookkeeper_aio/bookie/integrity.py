@@ -189,7 +189,9 @@ class DataIntegrity:
         """Copy from peers every entry of ``md`` this bookie should hold but does not."""
         end = md.last_entry_id if md.state is LedgerState.CLOSED else md.ensembles[-1][0] - 1
         limit = asyncio.Semaphore(self.config.data_integrity_copies_in_flight_max)
-        tasks = []
+        # Entry ids first, coroutines after: a failing disk raising in ``holds`` must not
+        # leave coroutines created and never awaited.
+        missing: list[tuple[int, list[str]]] = []
         for entry_id in range(end + 1):
             ensemble = md.ensemble_at(entry_id)
             members = [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)]
@@ -198,9 +200,10 @@ class DataIntegrity:
             self.counters["entries_checked"] += 1
             if self.handler.holds(md.ledger_id, entry_id):
                 continue
-            peers = [b for b in members if b != self.bookie_id]
-            tasks.append(self._copy(md.ledger_id, entry_id, peers, limit))
-        results = await asyncio.gather(*tasks)
+            missing.append((entry_id, [b for b in members if b != self.bookie_id]))
+        results = await asyncio.gather(
+            *(self._copy(md.ledger_id, entry_id, peers, limit) for entry_id, peers in missing)
+        )
         failed = [entry_id for entry_id, ok in results if not ok]
         if failed:
             # BP-31: what it cannot repair by itself, autorecovery may (from other replicas,
