@@ -141,10 +141,12 @@ class _Copy:
             raise self.failure
 
     async def _read_all(self, entry_ids: Iterator[int]) -> None:
-        for entry_id in entry_ids:
-            await self.slots.acquire()  # released once the entry's write is answered
-            self.reads.put_nowait(asyncio.create_task(self._read(entry_id)))
-        self.reads.put_nowait(None)
+        try:
+            for entry_id in entry_ids:
+                await self.slots.acquire()  # released once the entry's write is answered
+                self.reads.put_nowait(asyncio.create_task(self._read(entry_id)))
+        finally:  # the writer stops there whatever happened
+            self.reads.put_nowait(None)
 
     async def _read(self, entry_id: int) -> ReadResponse | ReplicationError:
         found = await read_copy(self.ctx, self.ledger_id, entry_id, self.sources(entry_id))
@@ -161,14 +163,16 @@ class _Copy:
         while not ended and self.failure is None:
             batch: list[ReadResponse] = []
             size = 0
-            while len(batch) < self.entries_max and size < self.bytes_max:
+            while len(batch) < self.entries_max and size < self.bytes_max and not self.failure:
                 if batch and self.reads.empty() and len(self.writes) < WRITES_AHEAD:
                     break  # nothing more read yet, and the target could be idle: send
                 task = await self.reads.get()
-                entry = None if task is None else await task
-                if not isinstance(entry, ReadResponse):
-                    self.failure = self.failure or entry  # entry is the read's error
+                if task is None:  # every entry is read
                     ended = True
+                    break
+                entry = await task
+                if not isinstance(entry, ReadResponse):  # no good copy anywhere
+                    self.failure = self.failure or entry
                     break
                 if batch and size + len(entry.payload) > self.bytes_max:
                     self._send(batch)
