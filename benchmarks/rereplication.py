@@ -10,12 +10,14 @@ autorecovery process (``lost_bookie_recovery_delay_s=0``, ``--workers`` marks at
 limit). It reports:
 
 * ``detect_s`` — kill to the first mark (the registration's lease has to expire first);
-* ``copy_s`` — first mark to the last ledger back at WQ (every copy on a live bookie);
+* ``copy_s`` — first mark to the last ledger back at WQ (no mark left, the lost bookie in no
+  ensemble; every copy is then checked on the live bookies, after the clock stopped);
 * ``restore_s`` — kill to WQ: the SLA figure;
 * ``copy_mb_per_s`` — bytes copied / ``copy_s``, and its ratio to the disk's limit.
 
 The bookies and the copier share this machine's two cores and one disk: every copied byte is
-read from one bookie, sent to another, journaled with fdatasync and written to RocksDB there.
+read from one bookie, sent to another, journaled with fdatasync and written to RocksDB there
+(the disk's writes bound the copy: docs/performance.md has the profile).
 """
 
 from __future__ import annotations
