@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -383,6 +384,60 @@ def test_two_workers_on_one_mark_copy_once() -> None:
         copied = sum(w.counters["entries_copied"] for w in workers)
         done = sum(w.counters["marks_done"] for w in workers)
         assert done == 1 and copied == 10, [w.statistics() for w in workers]
+        assert await complete(world, lid)
+
+    simulate(body)
+
+
+def test_a_batch_refused_in_part_is_resumed_by_copying_only_what_is_missing() -> None:
+    """Copies go to the target in batches; the target refuses one entry of a batch (its copy
+    arrived corrupt: BAD_DIGEST) and stores the others. The job fails, and the retry copies
+    only what the target lacks: every entry is stored exactly once, the refused one on the
+    second attempt."""
+    config = CONFIG.replace(replication_entries_in_flight_max=8)
+    refused_entry = 5
+
+    async def body(world: World) -> None:
+        lid = await write(world, 20)
+        node = world.bookie_at(world.ledger(lid).value.ensembles[0][1][1])
+        drop_entries(node, lid)  # one replica lost them (its disk, say)
+        handler = node.bookie.handler
+        real_store = handler._store
+        batches: list[list[int]] = []  # the entry ids of each add request, as they came
+        stored: Counter[int] = Counter()
+
+        def store(ledger_id: int, flags: int, key: bytes, entries: Any, packed: Any = None):
+            entries = list(entries)
+            if ledger_id == lid:
+                ids = [e[0] for e in entries]
+                if refused_entry in ids and not any(refused_entry in b for b in batches):
+                    # the first time it comes: as if its bytes were damaged on the way
+                    entries = [(*e[:5], False) if e[0] == refused_entry else e for e in entries]
+                batches.append(ids)
+            statuses, journaled = real_store(ledger_id, flags, key, entries, packed)
+            if ledger_id == lid:
+                stored.update(e[0] for e, st in zip(entries, statuses, strict=True) if st == 0)
+            return statuses, journaled
+
+        handler._store = store
+        await mark_under_replicated(
+            world.metadata_store(), lid, [Missing(node.address, ("test",), 1)], now_ms=1
+        )
+        ar = SimAutorecovery(world, "ar", config)
+        ar.start()
+        for _ in range(100):
+            await asyncio.sleep(0.2)
+            if not await marks(world):
+                break
+        else:
+            raise AssertionError(f"mark not drained: {await marks(world)}")
+        (first,) = [b for b in batches if refused_entry in b][:1]
+        assert len(first) > 1, batches  # the refused entry shared its batch with others
+        assert stored == Counter(range(20)), (stored, batches)  # each stored once
+        offered = Counter(e for b in batches for e in b)
+        assert offered[refused_entry] == 2 and sum(offered.values()) == 21, batches
+        worker = ar.service.worker.counters
+        assert worker["entries_copied"] == 20 and worker["marks_failed"] >= 1, worker
         assert await complete(world, lid)
 
     simulate(body)

@@ -376,6 +376,30 @@ def test_rocksdb_absent_ids_next_to_a_large_entry_read_none_of_it(
     e.close()
 
 
+def test_rocksdb_lists_batches_that_fill_their_range_without_reading_them(tmp_path: Path) -> None:
+    # Autorecovery lists every ledger it checks on every bookie: reading each batch's value
+    # for its ids (megabytes per batch of large entries) took a third of a bookie's CPU.
+    big = os.urandom(100 << 10)
+    e = RocksDBEngine(str(tmp_path), wal=False)
+    for first in range(0, 40, 10):  # 4 batches of 10 ids, 1 MiB each
+        e.put_entries(1, [(i, big) for i in range(first, first + 10)])
+    e.put_entries(1, [(i, big) for i in (41, 44, 47)])  # striped: its value is read
+    e.close()
+    e = RocksDBEngine(str(tmp_path), wal=False)  # from the SSTs, not the memtables
+    before = _bytes_read()
+    for _ in range(10):
+        assert e.list_entries(1, 0, 1000) == [*range(40), 41, 44, 47]
+    assert _bytes_read() - before < 10 * (400 << 10) + (1 << 20)  # the striped batch only
+    before = _bytes_read()
+    assert e.list_entries(1, 0, 40) == list(range(40))  # stops before the striped batch
+    assert e.list_entries(1, 13, 5) == [13, 14, 15, 16, 17]
+    assert e.list_entries(1, 15, 10) == list(range(15, 25))
+    assert e.list_entries(1, 39, 1) == [39]
+    assert _bytes_read() - before < 1 << 20  # was 4 x 1 MiB per call
+    assert e.list_entries(1, 40, 2) == [41, 44] and e.list_entries(1, 45, 9) == [47]
+    e.close()
+
+
 def test_rocksdb_copies_batch_keys_of_an_older_dir_to_their_column_family(tmp_path: Path) -> None:
     from rocksdict import Options, Rdict
 
