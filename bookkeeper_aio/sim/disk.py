@@ -12,16 +12,23 @@ the running bookie's objects and is what a crash throws away:
   cache) and loses the journal queue (never written, never acknowledged);
 * a *power* crash keeps only a random prefix of the engine's unsynced writes.
 
-:class:`SimJournal` implements the journal the server expects (append with a durability
-callback, checkpoint, close): records queued while a "disk write" is in progress form the next
-group commit, which completes after ``fsync_s`` (uniform) of virtual time. :class:`SimStorage`
-puts these together behind the server's storage seam; everything runs inline on the loop.
+:class:`SimJournal` keeps the real journal's contract (docs/simulation.md#the-journal-contract;
+both pass ``tests/test_journal_contract.py``): one write at a time, which takes the queued
+records up to ``journal_batch_bytes_max`` and completes after ``fsync_s`` (uniform) of virtual
+time; records queued meanwhile form the next group commit; callbacks run in append order once
+their batch is on the :class:`NodeDisk`; past ``journal_queue_bytes_max`` not yet durable it
+reports pressure until the queue drains below half; an injected write error
+(``journal_error_rate`` per batch, or a dead journal disk) fails the batch and everything after
+it, as the real journal's fail-stop does. :class:`SimStorage` puts these together behind the
+server's storage seam; everything runs inline on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
+import logging
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -32,13 +39,19 @@ from engines.memory import MemoryDisk, MemoryEngine
 from ..bookie.cookie import CookieCheck
 from ..bookie.disk import DiskUsage
 from ..bookie.journal import Body, JournalRecord
+from ..bookie.journal_format import RECORD_HEADER
 from ..bookie.ledger_dirs import DirShard, LedgerDirs
 from ..bookie.records import replay_into
 from ..bookie.storage import BookieJournal, FailureCallback, PressureCallback
+from ..config import BookieConfig
 from ..engine import Engine, LedgerInfo, Record
+from ..errors import JournalFailedError
 from ..metadata.store import MetadataStore
 
 Callback = Callable[[BaseException | None], None]
+_Queued = tuple[JournalRecord, Callback]
+_OVERHEAD = RECORD_HEADER.size + 1  # per record, as the real journal counts its queue
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,6 +60,7 @@ class DiskFaults:
 
     fsync_s: tuple[float, float] = (0.0001, 0.002)
     io_error_rate: float = 0.0  # per engine read or write
+    journal_error_rate: float = 0.0  # per journal batch write: the journal fails (fail-stop)
 
 
 @dataclass
@@ -57,37 +71,131 @@ class NodeDisk:
     journal: list[JournalRecord] = field(default_factory=list)
     dirty: bool = False  # the unclean-shutdown marker
     failed: bool = False  # the ledger disk died (BP-31): every engine call fails with EIO
+    journal_failed: bool = False  # the journal disk died: its next write fails (fail-stop)
 
 
 class SimJournal:
-    """A journal on the virtual clock (see the module docstring)."""
+    """A journal on the virtual clock that keeps the real journal's contract (see the module
+    docstring and docs/simulation.md#the-journal-contract): one write at a time, records
+    appended during it form the next batch (up to ``journal_batch_bytes_max``), callbacks in
+    append order once the batch is on the :class:`NodeDisk`; pressure past
+    ``journal_queue_bytes_max`` until it drains below half; fail-stop on an injected write
+    error (``DiskFaults.journal_error_rate``, ``NodeDisk.journal_failed``)."""
 
-    def __init__(self, disk: NodeDisk, rng: random.Random, faults: DiskFaults) -> None:
+    def __init__(
+        self,
+        disk: NodeDisk,
+        rng: random.Random,
+        faults: DiskFaults,
+        config: BookieConfig | None = None,
+        *,
+        on_pressure: PressureCallback | None = None,
+        on_failure: FailureCallback | None = None,
+    ) -> None:
         self.disk = disk
         self.rng = rng
         self.faults = faults
-        self._queue: list[tuple[JournalRecord, Callback]] = []
+        self.config = config or BookieConfig()
+        self._on_pressure = on_pressure
+        self._on_failure = on_failure
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._batch: list[_Queued] | None = None  # being "written" until the timer fires
         self._timer: asyncio.TimerHandle | None = None
+        self._queued_bytes = 0  # appended, not yet durable (the real journal's count)
+        self._pressure = False
+        self._failed: JournalFailedError | None = None
+        self._broken: OSError | None = None  # the write error; nothing is written after it
+        self._closing = False
+        self._drained: asyncio.Future[None] | None = None  # close(): set when all are answered
         self._stats: Counter[str] = Counter()
 
     def replay(self) -> list[JournalRecord]:
         return list(self.disk.journal)
 
+    @property
+    def failed(self) -> BaseException | None:
+        """The failure that stopped the journal, if any."""
+        return self._failed
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes appended but not yet durable."""
+        return self._queued_bytes
+
     def append(self, rtype: int, body: Body, callback: Callback) -> None:
+        """Queue a record; ``callback(None)`` once it is durable, ``callback(exc)`` on failure.
+
+        Raises:
+            JournalFailedError: the journal has failed or is closed.
+        """
+        if self._failed is not None:
+            raise JournalFailedError(f"journal failed: {self._failed}") from self._failed
+        if self._closing:
+            raise JournalFailedError("journal is not running")
         data = b"".join(body) if type(body) is tuple else bytes(body)
         self._queue.append((JournalRecord(rtype, data), callback))
-        if self._timer is None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.rng.uniform(*self.faults.fsync_s), self._commit)
+        self._queued_bytes += len(data) + _OVERHEAD
+        if not self._pressure and self._queued_bytes > self.config.journal_queue_bytes_max:
+            self._set_pressure(True)
+        if self._batch is None:
+            self._write_next()
 
-    def _commit(self) -> None:
+    def _set_pressure(self, full: bool) -> None:
+        self._pressure = full
+        if self._on_pressure is not None:
+            self._on_pressure(full)
+
+    def _write_next(self) -> None:
+        """Take the next batch (as the real journal's thread does) and start its write."""
+        limit = self.config.journal_batch_bytes_max
+        first = self._queue.popleft()
+        batch, size = [first], len(first[0].body) + _OVERHEAD
+        while self._queue and size < limit:
+            body_size = len(self._queue[0][0].body)
+            if size + body_size > limit:
+                break
+            batch.append(self._queue.popleft())
+            size += body_size + _OVERHEAD
+        self._batch = batch
+        # After a failure the journal writes nothing: the next batches fail at once.
+        delay = 0.0 if self._broken is not None else self.rng.uniform(*self.faults.fsync_s)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._written)
+
+    def _written(self) -> None:
+        """The batch's write and sync returned: on the disk, or failed (fail-stop)."""
         self._timer = None
-        batch, self._queue = self._queue, []
-        self.disk.journal.extend(record for record, _ in batch)
-        self._stats["batches"] += 1
-        self._stats["records"] += len(batch)
+        batch, self._batch = self._batch, None
+        assert batch is not None
+        rate = self.faults.journal_error_rate  # no draw at 0: seeds without it replay as before
+        if self._broken is None and (
+            self.disk.journal_failed or (rate and self.rng.random() < rate)
+        ):
+            self._stats["write_errors"] += 1
+            self._broken = OSError(errno.EIO, "simulated journal write error")
+        error = None
+        if self._broken is None:
+            self.disk.journal.extend(record for record, _ in batch)
+            self._stats["batches"] += 1
+            self._stats["records"] += len(batch)
+        else:
+            error = JournalFailedError(f"journal write failed: {self._broken}")
+            error.__cause__ = self._broken
+            if self._failed is None:
+                self._failed = error
+                if self._on_failure is not None:
+                    self._on_failure(error)
+        self._queued_bytes -= sum(len(record.body) + _OVERHEAD for record, _ in batch)
+        if self._pressure and self._queued_bytes < self.config.journal_queue_bytes_max // 2:
+            self._set_pressure(False)
+        if self._queue:
+            self._write_next()  # before the callbacks, as the real journal's thread does
         for _, callback in batch:
-            callback(None)
+            try:
+                callback(error)
+            except Exception:  # one broken callback must not strand the batch's other answers
+                log.exception("journal callback failed")
+        if self._batch is None and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     async def checkpoint(self, sync_engine: Callable[[], None]) -> None:
         # Every record in the journal was applied to the engine before it was appended, so
@@ -98,19 +206,29 @@ class SimJournal:
         self._stats["checkpoints"] += 1
 
     async def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._commit()
+        """Make everything appended durable (callbacks run, or fail), then stop."""
+        self._closing = True
+        if self._batch is not None:
+            if self._drained is None:
+                self._drained = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._drained)
 
     def crash(self) -> None:
-        """Lose the queue: its records were never durable, their callbacks never run."""
+        """Lose the queue and the write in progress: never durable, their callbacks never
+        run."""
+        self._closing = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._batch = None
         self._queue.clear()
 
     def statistics(self) -> dict[str, int | float]:
-        return {**self._stats, "queued": len(self._queue)}
+        return {
+            **self._stats,
+            "queued_bytes": self._queued_bytes,
+            "queued_records": len(self._queue) + len(self._batch or ()),
+        }
 
 
 class FaultyEngine:
@@ -186,13 +304,19 @@ class SimStorage:
     """The bookie storage seam over a :class:`NodeDisk` (see the module docstring)."""
 
     def __init__(
-        self, disk: NodeDisk, rng: random.Random, faults: DiskFaults, guard_dirs: bool = False
+        self,
+        disk: NodeDisk,
+        rng: random.Random,
+        faults: DiskFaults,
+        guard_dirs: bool = False,
+        config: BookieConfig | None = None,
     ) -> None:
         self.disk = disk
         self.rng = rng
         self.faults = faults
+        self.config = config or BookieConfig()  # the bookie's: the journal's bounds
         self.engine = MemoryEngine(disk.engine)
-        self.journal = SimJournal(disk, rng, faults)
+        self.journal: SimJournal | None = None  # opened by open()
         self.guard_dirs = guard_dirs  # autorecovery seeds: the bookie's LedgerDirs on top
         self.faulty: FaultyEngine | None = None
 
@@ -209,10 +333,13 @@ class SimStorage:
             raise OSError(errno.EIO, "simulated disk failure: the ledger disk is dead")
         self.faulty = FaultyEngine(self.engine, self.rng, self.faults)
         engine: Engine = self.faulty
-        replayed = replay_into(self.engine, iter(self.journal.replay()))
+        journal = SimJournal(self.disk, self.rng, self.faults, self.config,
+                             on_pressure=on_pressure, on_failure=on_failure)  # fmt: skip
+        replayed = replay_into(self.engine, iter(journal.replay()))
+        self.journal = journal
         if self.guard_dirs:
             engine = LedgerDirs([DirShard(engine, "/ledgers")])
-        return engine, self.journal, replayed
+        return engine, journal, replayed
 
     async def disk_usage(self) -> DiskUsage:
         return DiskUsage(0.1, 9 << 30, 10 << 30)
@@ -231,7 +358,8 @@ class SimStorage:
 
     def crash(self, *, power_loss: bool) -> None:
         """What a crash leaves on the :class:`NodeDisk` (see the module docstring)."""
-        self.journal.crash()
+        if self.journal is not None:
+            self.journal.crash()
         unsynced = self.engine.unsynced_writes()
         keep = self.rng.randint(0, len(unsynced)) if power_loss else len(unsynced)
         self.disk.engine.apply(unsynced[:keep])

@@ -233,10 +233,11 @@ class SimBookie:
         """
         assert self.bookie is None, f"{self.name} is running"
         world = self.world
-        storage = SimStorage(self.disk, random.Random(world.rng.getrandbits(64)), world.faults.disk,
-                             world.guard_dirs)  # fmt: skip
+        storage_rng = random.Random(world.rng.getrandbits(64))
+        config = self.config()  # drawn after the storage's rng, as before
+        storage = SimStorage(self.disk, storage_rng, world.faults.disk, world.guard_dirs, config)
         bookie = Bookie(
-            self.config(),
+            config,
             network=world.net.view(self.name),
             storage=storage,
             metadata=world.metadata_store(),
