@@ -353,7 +353,9 @@ def test_records_appended_during_a_write_form_the_next_batch(harness):
 
     answered, stats = harness.run(body)
     assert answered == []  # nothing is acknowledged while its write has not returned
-    assert (stats["batches"], stats["records"]) == (2, 51)  # group commit
+    # Group commit: the burst behind one write is one batch (the real journal: the first
+    # record, then the 50 that came during its write; the twin gathers all 51 in its write).
+    assert stats["batches"] <= 2 and stats["records"] == 51
     assert len(harness.replay()) == 51
 
 
@@ -364,7 +366,7 @@ def test_a_batch_holds_at_most_journal_batch_bytes_max(harness):
         first = asyncio.get_running_loop().create_future()
         journal.append(REC_ENTRY, b"first", first.set_result)
         await harness.wait_held(journal)
-        pending = start_all(journal, [(REC_ENTRY, bytes(1000))] * 20)
+        pending = start_all(journal, [(REC_ENTRY, bytes(1500))] * 20)
         harness.release()
         assert await first is None and await pending == [None] * 20
         stats = journal.statistics()
@@ -372,8 +374,8 @@ def test_a_batch_holds_at_most_journal_batch_bytes_max(harness):
         return stats
 
     stats = harness.run(body)
-    # 20 KB queued behind the first write, in batches of at most 4 KiB (three records each).
-    assert stats["batches"] >= 1 + 20 // 4
+    # Two 1500-byte records (with their headers) fill a 4 KiB batch: 20 need ten batches.
+    assert stats["batches"] >= 10
     assert stats["records"] == 21
 
 

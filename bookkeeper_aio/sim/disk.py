@@ -13,13 +13,16 @@ the running bookie's objects and is what a crash throws away:
 * a *power* crash keeps only a random prefix of the engine's unsynced writes.
 
 :class:`SimJournal` keeps the real journal's contract (docs/simulation.md#the-journal-contract;
-both pass ``tests/test_journal_contract.py``): one write at a time, which takes the queued
-records up to ``journal_batch_bytes_max`` and completes after ``fsync_s`` (uniform) of virtual
-time; records queued meanwhile form the next group commit; callbacks run in append order once
-their batch is on the :class:`NodeDisk`; past ``journal_queue_bytes_max`` not yet durable it
-reports pressure until the queue drains below half; an injected write error
-(``journal_error_rate`` per batch, or a dead journal disk) fails the batch and everything after
-it, as the real journal's fail-stop does. :class:`SimStorage` puts these together behind the
+both pass ``tests/test_journal_contract.py``): one write at a time, which gathers what is
+queued for ``fsync_s`` (uniform) of virtual time and is then durable at once (the shape of the
+real journal with ``journal_batch_wait_ms``; the real one's default writes the first record at
+once and groups what arrives during its write), taking at most ``journal_batch_bytes_max``
+(the rest is the next write); callbacks run in append order once their batch is on the
+:class:`NodeDisk`; past ``journal_queue_bytes_max`` not yet durable it reports pressure until
+the queue drains below half; an injected write error (``journal_error_rate`` per batch, or a
+dead journal disk) fails the batch and everything after it, as the real journal's fail-stop
+does. Below the bounds it draws exactly as the twin before the contract did, so the seeds'
+schedules did not move. :class:`SimStorage` puts these together behind the
 server's storage seam; everything runs inline on the loop.
 """
 
@@ -76,11 +79,7 @@ class NodeDisk:
 
 class SimJournal:
     """A journal on the virtual clock that keeps the real journal's contract (see the module
-    docstring and docs/simulation.md#the-journal-contract): one write at a time, records
-    appended during it form the next batch (up to ``journal_batch_bytes_max``), callbacks in
-    append order once the batch is on the :class:`NodeDisk`; pressure past
-    ``journal_queue_bytes_max`` until it drains below half; fail-stop on an injected write
-    error (``DiskFaults.journal_error_rate``, ``NodeDisk.journal_failed``)."""
+    docstring and docs/simulation.md#the-journal-contract)."""
 
     def __init__(
         self,
@@ -99,14 +98,12 @@ class SimJournal:
         self._on_pressure = on_pressure
         self._on_failure = on_failure
         self._queue: collections.deque[_Queued] = collections.deque()
-        self._batch: list[_Queued] | None = None  # being "written" until the timer fires
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the write in progress, if any
         self._queued_bytes = 0  # appended, not yet durable (the real journal's count)
         self._pressure = False
         self._failed: JournalFailedError | None = None
         self._broken: OSError | None = None  # the write error; nothing is written after it
         self._closing = False
-        self._drained: asyncio.Future[None] | None = None  # close(): set when all are answered
         self._stats: Counter[str] = Counter()
 
     def replay(self) -> list[JournalRecord]:
@@ -137,16 +134,22 @@ class SimJournal:
         self._queued_bytes += len(data) + _OVERHEAD
         if not self._pressure and self._queued_bytes > self.config.journal_queue_bytes_max:
             self._set_pressure(True)
-        if self._batch is None:
-            self._write_next()
+        if self._timer is None:
+            self._start_write()
 
     def _set_pressure(self, full: bool) -> None:
         self._pressure = full
         if self._on_pressure is not None:
             self._on_pressure(full)
 
-    def _write_next(self) -> None:
-        """Take the next batch (as the real journal's thread does) and start its write."""
+    def _start_write(self) -> None:
+        """A write: it gathers what is queued for one simulated fsync time, then is durable at
+        once (below). After a failure nothing is written: the next batches fail at once."""
+        delay = 0.0 if self._broken is not None else self.rng.uniform(*self.faults.fsync_s)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._written)
+
+    def _take_batch(self) -> list[_Queued]:
+        """The queued records up to ``journal_batch_bytes_max`` (the real journal's rule)."""
         limit = self.config.journal_batch_bytes_max
         first = self._queue.popleft()
         batch, size = [first], len(first[0].body) + _OVERHEAD
@@ -156,16 +159,12 @@ class SimJournal:
                 break
             batch.append(self._queue.popleft())
             size += body_size + _OVERHEAD
-        self._batch = batch
-        # After a failure the journal writes nothing: the next batches fail at once.
-        delay = 0.0 if self._broken is not None else self.rng.uniform(*self.faults.fsync_s)
-        self._timer = asyncio.get_running_loop().call_later(delay, self._written)
+        return batch
 
     def _written(self) -> None:
         """The batch's write and sync returned: on the disk, or failed (fail-stop)."""
         self._timer = None
-        batch, self._batch = self._batch, None
-        assert batch is not None
+        batch = self._take_batch()
         rate = self.faults.journal_error_rate  # no draw at 0: seeds without it replay as before
         if self._broken is None and (
             self.disk.journal_failed or (rate and self.rng.random() < rate)
@@ -188,14 +187,12 @@ class SimJournal:
         if self._pressure and self._queued_bytes < self.config.journal_queue_bytes_max // 2:
             self._set_pressure(False)
         if self._queue:
-            self._write_next()  # before the callbacks, as the real journal's thread does
+            self._start_write()  # what did not fit: the next write, at once
         for _, callback in batch:
             try:
                 callback(error)
             except Exception:  # one broken callback must not strand the batch's other answers
                 log.exception("journal callback failed")
-        if self._batch is None and self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
 
     async def checkpoint(self, sync_engine: Callable[[], None]) -> None:
         # Every record in the journal was applied to the engine before it was appended, so
@@ -208,10 +205,9 @@ class SimJournal:
     async def close(self) -> None:
         """Make everything appended durable (callbacks run, or fail), then stop."""
         self._closing = True
-        if self._batch is not None:
-            if self._drained is None:
-                self._drained = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._drained)
+        while self._timer is not None:  # the writes in progress end now (the old schedule)
+            self._timer.cancel()
+            self._written()
 
     def crash(self) -> None:
         """Lose the queue and the write in progress: never durable, their callbacks never
@@ -220,14 +216,13 @@ class SimJournal:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._batch = None
         self._queue.clear()
 
     def statistics(self) -> dict[str, int | float]:
         return {
             **self._stats,
             "queued_bytes": self._queued_bytes,
-            "queued_records": len(self._queue) + len(self._batch or ()),
+            "queued_records": len(self._queue),
         }
 
 
