@@ -100,7 +100,7 @@ class Faults:
     def calm(self) -> None:
         """No more random faults (the liveness phase)."""
         self.net.loss_rate = self.net.duplicate_rate = self.net.reorder_rate = 0.0
-        self.disk.io_error_rate = 0.0
+        self.disk.io_error_rate = self.disk.journal_error_rate = 0.0
         self.metadata_failure_rate = self.metadata_lost_reply_rate = 0.0
 
 
@@ -121,6 +121,7 @@ class World:
         self.journal_write_data = True  # False: BP-46 bookies (set before starting any)
         self.client_config = CLIENT_CONFIG
         self.guard_dirs = False  # autorecovery seeds: bookies take a failed disk out of service
+        self.fail_stops = 0  # incarnations that stopped themselves (a journal write error)
         self._meta_faults = MemoryFaults(random.Random(self.rng.getrandbits(64)))
         self._sync_metadata_faults()
 
@@ -199,7 +200,8 @@ class SimBookie:
 
     @property
     def up(self) -> bool:
-        return self.bookie is not None
+        """Running: started and not stopped by its own failure (fail-stop, e.g. its journal)."""
+        return self.bookie is not None and self.bookie.failure is None
 
     def config(self) -> BookieConfig:
         return BookieConfig(
@@ -231,6 +233,8 @@ class SimBookie:
         Raises:
             Exception: whatever the bookie's boot raises (the caller retries later).
         """
+        if self.bookie is not None:
+            await self._reap()
         assert self.bookie is None, f"{self.name} is running"
         world = self.world
         storage_rng = random.Random(world.rng.getrandbits(64))
@@ -254,6 +258,17 @@ class SimBookie:
         self.bookie, self.storage = bookie, storage
         self.incarnation += 1
         self._after_crash = None
+
+    async def _reap(self) -> None:
+        """The incarnation stopped itself after a failure: once its stop has ended, the
+        process is gone (as after ``kill -9``: the page cache keeps what it wrote)."""
+        assert self.bookie is not None and self.storage is not None
+        assert self.bookie.failure is not None, f"{self.name} is running"
+        await self.bookie.closed.wait()
+        self.world.fail_stops += 1
+        self.world.net.kill_node(self.name)
+        self.storage.crash(power_loss=False)
+        self.bookie = self.storage = None
 
     def crash(self, *, power_loss: bool) -> None:
         """``kill -9`` (keeps what reached the page cache) or a power loss (may lose it). A
