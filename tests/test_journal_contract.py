@@ -24,7 +24,7 @@ import pytest
 from bookkeeper_aio.bookie.journal import REC_ENTRIES, REC_ENTRY, REC_FENCE, Journal
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.errors import JournalFailedError
-from bookkeeper_aio.sim.disk import DiskFaults, NodeDisk, SimJournal
+from bookkeeper_aio.sim.disk import DiskFaults, NodeDisk, SimJournal, SimStorage
 from bookkeeper_aio.sim.loop import VirtualTimeLoop
 
 KiB = 1024
@@ -83,8 +83,8 @@ class Harness:
     def release(self) -> None:
         raise NotImplementedError
 
-    def fail_writes(self) -> None:
-        """From now on every write (or its sync) fails with EIO."""
+    def fail_next_write(self) -> None:
+        """The next write (or its sync) fails with EIO; the disk works again after it."""
         raise NotImplementedError
 
     def crash_run(self, count: int, seed: int, acked_min: int) -> list[int]:
@@ -113,7 +113,12 @@ class RealHarness(Harness):
         finally:
             self._gate.set()  # never leave the journal thread blocked
 
-    async def open(self, cfg, on_pressure=None, on_failure=None):  # type: ignore[no-untyped-def]
+    async def open(
+        self,
+        cfg: BookieConfig,
+        on_pressure: Callable[[bool], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> AnyJournal:
         journal = Journal(self.directory, cfg, on_pressure=on_pressure, on_failure=on_failure)
         list(journal.replay())
         await journal.start()
@@ -125,6 +130,7 @@ class RealHarness(Harness):
                 self._entered.set()
                 self._gate.wait(20)
             if self._failing:
+                self._failing = False
                 raise OSError(errno.EIO, "injected journal write error")
             return write_sync(pieces, pos, size)
 
@@ -138,13 +144,13 @@ class RealHarness(Harness):
         self._entered.clear()
         self._gate.clear()
 
-    async def wait_held(self, journal):  # type: ignore[no-untyped-def]
+    async def wait_held(self, journal: AnyJournal) -> None:
         await until(self._entered.is_set)
 
     def release(self) -> None:
         self._gate.set()
 
-    def fail_writes(self) -> None:
+    def fail_next_write(self) -> None:
         self._failing = True
 
     def crash_run(self, count: int, seed: int, acked_min: int) -> list[int]:
@@ -203,7 +209,12 @@ class SimHarness(Harness):
         finally:
             loop.close()
 
-    async def open(self, cfg, on_pressure=None, on_failure=None):  # type: ignore[no-untyped-def]
+    async def open(
+        self,
+        cfg: BookieConfig,
+        on_pressure: Callable[[bool], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> AnyJournal:
         self._journal = SimJournal(self.disk, self.rng, self.faults, cfg,
                                    on_pressure=on_pressure, on_failure=on_failure)  # fmt: skip
         return self._journal
@@ -215,14 +226,14 @@ class SimHarness(Harness):
         # Virtual time: a write that takes an hour holds the disk until the test awaits it.
         self.faults.fsync_s = (3600.0, 3600.0)
 
-    async def wait_held(self, journal):  # type: ignore[no-untyped-def]
+    async def wait_held(self, journal: AnyJournal) -> None:
         await until(lambda: journal.statistics()["queued_records"] > 0)
 
     def release(self) -> None:
         self.faults.fsync_s = (0.0001, 0.002)
 
-    def fail_writes(self) -> None:
-        self.faults.journal_error_rate = 1.0
+    def fail_next_write(self) -> None:
+        self.faults.journal_errors_next = 1
 
     def crash_run(self, count: int, seed: int, acked_min: int) -> list[int]:
         acked: list[int] = []
@@ -413,15 +424,16 @@ def test_a_write_error_is_fail_stop(harness):
     failures: list[BaseException] = []
 
     async def body() -> tuple[list[Any], list[Any], AnyJournal]:
-        journal = await harness.open(config(), on_failure=failures.append)
+        cfg = config(journal_batch_bytes_max=4 * KiB)  # two of these records a batch
+        journal = await harness.open(cfg, on_failure=failures.append)
         ok = await append_all(journal, [(REC_ENTRY, b"ok-0"), (REC_ENTRY, b"ok-1")])
         harness.hold()
         loop = asyncio.get_running_loop()
         first = loop.create_future()
-        journal.append(REC_ENTRY, b"lost-0", first.set_result)
+        journal.append(REC_ENTRY, b"lost-0" + bytes(1500), first.set_result)
         await harness.wait_held(journal)
-        queued = start_all(journal, [(REC_ENTRY, b"lost-1")] * 5)
-        harness.fail_writes()
+        queued = start_all(journal, [(REC_ENTRY, b"lost-1" + bytes(1500))] * 5)
+        harness.fail_next_write()  # one write fails; the batches after it are never written
         harness.release()
         failed = [await first, *await queued]
         with pytest.raises(JournalFailedError):
@@ -431,7 +443,8 @@ def test_a_write_error_is_fail_stop(harness):
 
     ok, failed, journal = harness.run(body)
     assert ok == [None, None]
-    # The failed write and every record queued behind it are answered with the error.
+    # The failed write and every record queued behind it (in later batches, on a disk that
+    # works again) are answered with the error: fail-stop.
     assert len(failed) == 6 and all(isinstance(e, JournalFailedError) for e in failed)
     assert all(isinstance(e.__cause__, OSError) for e in failed)
     assert failures == [failed[0]] and journal.failed is failed[0]
@@ -523,3 +536,20 @@ def test_a_callback_that_raises_does_not_strand_the_rest_of_its_batch(harness):
 
     assert harness.run(body) == [None] * 4
     assert len(harness.replay()) == 5
+
+
+def test_the_twins_dead_journal_disk_fails_every_write_and_every_boot() -> None:
+    """The simulator's other journal fault (``NodeDisk.journal_failed``), beyond the contract."""
+    harness = SimHarness()
+    harness.disk.journal_failed = True
+
+    async def body() -> list[Any]:
+        journal = await harness.open(config())
+        first = await append_all(journal, [(REC_ENTRY, b"a")] * 3)
+        storage = SimStorage(harness.disk, harness.rng, harness.faults)
+        with pytest.raises(OSError, match="journal disk is dead"):
+            await storage.open(lambda full: None, lambda exc: None)
+        return first
+
+    assert all(isinstance(e, JournalFailedError) for e in harness.run(body))
+    assert harness.replay() == []

@@ -64,6 +64,7 @@ class DiskFaults:
     fsync_s: tuple[float, float] = (0.0001, 0.002)
     io_error_rate: float = 0.0  # per engine read or write
     journal_error_rate: float = 0.0  # per journal batch write: the journal fails (fail-stop)
+    journal_errors_next: int = 0  # the next this many journal batch writes fail
 
 
 @dataclass
@@ -161,14 +162,23 @@ class SimJournal:
             size += body_size + _OVERHEAD
         return batch
 
+    def _write_fails(self) -> bool:
+        """Does this write fail? A dead journal disk, a scripted error, or the error rate
+        (no draw at rate 0: seeds without journal errors replay as before)."""
+        faults = self.faults
+        if self.disk.journal_failed:
+            return True
+        if faults.journal_errors_next > 0:
+            faults.journal_errors_next -= 1
+            return True
+        rate = faults.journal_error_rate
+        return bool(rate) and self.rng.random() < rate
+
     def _written(self) -> None:
         """The batch's write and sync returned: on the disk, or failed (fail-stop)."""
         self._timer = None
         batch = self._take_batch()
-        rate = self.faults.journal_error_rate  # no draw at 0: seeds without it replay as before
-        if self._broken is None and (
-            self.disk.journal_failed or (rate and self.rng.random() < rate)
-        ):
+        if self._broken is None and self._write_fails():
             self._stats["write_errors"] += 1
             self._broken = OSError(errno.EIO, "simulated journal write error")
         error = None
@@ -312,6 +322,9 @@ class SimStorage:
         self.config = config or BookieConfig()  # the bookie's: the journal's bounds
         self.engine = MemoryEngine(disk.engine)
         self.journal: SimJournal | None = None  # opened by open()
+        # Called first when the journal fails (the world cuts the node off the network then:
+        # its stop must not reach peers in an order no seed fixes).
+        self.on_journal_failure: Callable[[], None] | None = None
         self.guard_dirs = guard_dirs  # autorecovery seeds: the bookie's LedgerDirs on top
         self.faulty: FaultyEngine | None = None
 
@@ -326,10 +339,18 @@ class SimStorage:
     ) -> tuple[Engine, BookieJournal, int]:
         if self.disk.failed:
             raise OSError(errno.EIO, "simulated disk failure: the ledger disk is dead")
+        if self.disk.journal_failed:
+            raise OSError(errno.EIO, "simulated disk failure: the journal disk is dead")
         self.faulty = FaultyEngine(self.engine, self.rng, self.faults)
         engine: Engine = self.faulty
+
+        def failed(exc: BaseException) -> None:
+            if self.on_journal_failure is not None:
+                self.on_journal_failure()
+            on_failure(exc)
+
         journal = SimJournal(self.disk, self.rng, self.faults, self.config,
-                             on_pressure=on_pressure, on_failure=on_failure)  # fmt: skip
+                             on_pressure=on_pressure, on_failure=failed)  # fmt: skip
         replayed = replay_into(self.engine, iter(journal.replay()))
         self.journal = journal
         if self.guard_dirs:

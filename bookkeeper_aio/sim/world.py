@@ -22,6 +22,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from engines.memory import MemoryDisk, MemoryEngine
 
@@ -240,6 +241,9 @@ class SimBookie:
         storage_rng = random.Random(world.rng.getrandbits(64))
         config = self.config()  # drawn after the storage's rng, as before
         storage = SimStorage(self.disk, storage_rng, world.faults.disk, world.guard_dirs, config)
+        # A journal failure stops the bookie (fail-stop): the process is as good as gone at
+        # once; its clean stop closes connections in set order, which no seed fixes.
+        storage.on_journal_failure = partial(world.net.kill_node, self.name)
         bookie = Bookie(
             config,
             network=world.net.view(self.name),
