@@ -75,7 +75,7 @@ class NodeDisk:
     journal: list[JournalRecord] = field(default_factory=list)
     dirty: bool = False  # the unclean-shutdown marker
     failed: bool = False  # the ledger disk died (BP-31): every engine call fails with EIO
-    journal_failed: bool = False  # the journal disk died: its next write fails (fail-stop)
+    journal_failed: bool = False  # the journal disk died: every write fails, boots fail
 
 
 class SimJournal:
