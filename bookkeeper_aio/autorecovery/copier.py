@@ -134,11 +134,11 @@ class _Copy:
         finally:
             reader.cancel()
             while not self.reads.empty():
-                task = self.reads.get_nowait()
-                if task is not None:
-                    task.cancel()
-            for task in self.writes:
-                task.cancel()
+                read = self.reads.get_nowait()
+                if read is not None:
+                    read.cancel()
+            for write in self.writes:
+                write.cancel()
         if self.failure is not None:
             raise self.failure
 
@@ -176,6 +176,7 @@ class _Copy:
                 if not isinstance(entry, ReadResponse):  # no good copy anywhere
                     self.failure = self.failure or entry
                     break
+                assert entry.payload is not None  # read_copy checked the copy (reads.entry_ok)
                 if batch and size + len(entry.payload) > self.bytes_max:
                     self._send(batch)
                     batch, size = [], 0
@@ -192,9 +193,7 @@ class _Copy:
         task.add_done_callback(self.writes.discard)
 
     async def _write(self, batch: list[ReadResponse]) -> None:
-        packed = pack_add_entries(
-            (e.entry_id, e.entry_lac, payload_digest(e.payload), e.digest, e.payload) for e in batch
-        )
+        packed = pack_add_entries(_record(e) for e in batch)
         try:
             answer = await request(self.ctx, self.target, AddBatchRequest, self.ledger_id,
                                    ADD_FLAG_RECOVERY, self.master_key, packed)  # fmt: skip
@@ -206,7 +205,7 @@ class _Copy:
         for entry, why in zip(batch, _statuses(answer, len(batch)), strict=True):
             if why is None:
                 self.counters["entries_copied"] += 1
-                self.counters["bytes_copied"] += len(entry.payload)
+                self.counters["bytes_copied"] += len(entry.payload or b"")
             elif self.failure is None:
                 message = (f"ledger {self.ledger_id}: {self.target} refused entry "
                            f"{entry.entry_id}: {why}")  # fmt: skip
@@ -229,3 +228,10 @@ def _why(status: int) -> str:
         return StatusCode(status).name
     except ValueError:  # a number we do not know
         return str(status)
+
+
+def _record(copy: ReadResponse) -> tuple[int, int, int, int, bytes]:
+    """A checked copy as ``pack_add_entries`` takes it: read_copy (reads.entry_ok) made sure
+    its payload, entry LAC and digest are there."""
+    assert copy.payload is not None and copy.entry_lac is not None and copy.digest is not None
+    return copy.entry_id, copy.entry_lac, payload_digest(copy.payload), copy.digest, copy.payload

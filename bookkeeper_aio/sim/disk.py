@@ -12,16 +12,26 @@ the running bookie's objects and is what a crash throws away:
   cache) and loses the journal queue (never written, never acknowledged);
 * a *power* crash keeps only a random prefix of the engine's unsynced writes.
 
-:class:`SimJournal` implements the journal the server expects (append with a durability
-callback, checkpoint, close): records queued while a "disk write" is in progress form the next
-group commit, which completes after ``fsync_s`` (uniform) of virtual time. :class:`SimStorage`
-puts these together behind the server's storage seam; everything runs inline on the loop.
+:class:`SimJournal` keeps the real journal's contract (docs/simulation.md#the-journal-contract;
+both pass ``tests/test_journal_contract.py``): one write at a time, which gathers what is
+queued for ``fsync_s`` (uniform) of virtual time and is then durable at once (the shape of the
+real journal with ``journal_batch_wait_ms``; the real one's default writes the first record at
+once and groups what arrives during its write), taking at most ``journal_batch_bytes_max``
+(the rest is the next write); callbacks run in append order once their batch is on the
+:class:`NodeDisk`; past ``journal_queue_bytes_max`` not yet durable it reports pressure until
+the queue drains below half; an injected write error (``journal_error_rate`` per batch, or a
+dead journal disk) fails the batch and everything after it, as the real journal's fail-stop
+does. Below the bounds it draws exactly as the twin before the contract did, so the seeds'
+schedules did not move. :class:`SimStorage` puts these together behind the
+server's storage seam; everything runs inline on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
+import logging
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -32,13 +42,19 @@ from engines.memory import MemoryDisk, MemoryEngine
 from ..bookie.cookie import CookieCheck
 from ..bookie.disk import DiskUsage
 from ..bookie.journal import Body, JournalRecord
+from ..bookie.journal_format import RECORD_HEADER
 from ..bookie.ledger_dirs import DirShard, LedgerDirs
 from ..bookie.records import replay_into
 from ..bookie.storage import BookieJournal, FailureCallback, PressureCallback
+from ..config import BookieConfig
 from ..engine import Engine, LedgerInfo, Record
+from ..errors import JournalFailedError
 from ..metadata.store import MetadataStore
 
 Callback = Callable[[BaseException | None], None]
+_Queued = tuple[JournalRecord, Callback]
+_OVERHEAD = RECORD_HEADER.size + 1  # per record, as the real journal counts its queue
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,6 +63,8 @@ class DiskFaults:
 
     fsync_s: tuple[float, float] = (0.0001, 0.002)
     io_error_rate: float = 0.0  # per engine read or write
+    journal_error_rate: float = 0.0  # per journal batch write: the journal fails (fail-stop)
+    journal_errors_next: int = 0  # the next this many journal batch writes fail
 
 
 @dataclass
@@ -57,37 +75,134 @@ class NodeDisk:
     journal: list[JournalRecord] = field(default_factory=list)
     dirty: bool = False  # the unclean-shutdown marker
     failed: bool = False  # the ledger disk died (BP-31): every engine call fails with EIO
+    journal_failed: bool = False  # the journal disk died: every write fails, boots fail
 
 
 class SimJournal:
-    """A journal on the virtual clock (see the module docstring)."""
+    """A journal on the virtual clock that keeps the real journal's contract (see the module
+    docstring and docs/simulation.md#the-journal-contract)."""
 
-    def __init__(self, disk: NodeDisk, rng: random.Random, faults: DiskFaults) -> None:
+    def __init__(
+        self,
+        disk: NodeDisk,
+        rng: random.Random,
+        faults: DiskFaults,
+        config: BookieConfig | None = None,
+        *,
+        on_pressure: PressureCallback | None = None,
+        on_failure: FailureCallback | None = None,
+    ) -> None:
         self.disk = disk
         self.rng = rng
         self.faults = faults
-        self._queue: list[tuple[JournalRecord, Callback]] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self.config = config or BookieConfig()
+        self._on_pressure = on_pressure
+        self._on_failure = on_failure
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._timer: asyncio.TimerHandle | None = None  # the write in progress, if any
+        self._queued_bytes = 0  # appended, not yet durable (the real journal's count)
+        self._pressure = False
+        self._failed: JournalFailedError | None = None
+        self._broken: OSError | None = None  # the write error; nothing is written after it
+        self._closing = False
         self._stats: Counter[str] = Counter()
 
     def replay(self) -> list[JournalRecord]:
         return list(self.disk.journal)
 
+    @property
+    def failed(self) -> BaseException | None:
+        """The failure that stopped the journal, if any."""
+        return self._failed
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes appended but not yet durable."""
+        return self._queued_bytes
+
     def append(self, rtype: int, body: Body, callback: Callback) -> None:
+        """Queue a record; ``callback(None)`` once it is durable, ``callback(exc)`` on failure.
+
+        Raises:
+            JournalFailedError: the journal has failed or is closed.
+        """
+        if self._failed is not None:
+            raise JournalFailedError(f"journal failed: {self._failed}") from self._failed
+        if self._closing:
+            raise JournalFailedError("journal is not running")
         data = b"".join(body) if isinstance(body, tuple) else bytes(body)
         self._queue.append((JournalRecord(rtype, data), callback))
+        self._queued_bytes += len(data) + _OVERHEAD
+        if not self._pressure and self._queued_bytes > self.config.journal_queue_bytes_max:
+            self._set_pressure(True)
         if self._timer is None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.rng.uniform(*self.faults.fsync_s), self._commit)
+            self._start_write()
 
-    def _commit(self) -> None:
+    def _set_pressure(self, full: bool) -> None:
+        self._pressure = full
+        if self._on_pressure is not None:
+            self._on_pressure(full)
+
+    def _start_write(self) -> None:
+        """A write: it gathers what is queued for one simulated fsync time, then is durable at
+        once (below). After a failure nothing is written: the next batches fail at once."""
+        delay = 0.0 if self._broken is not None else self.rng.uniform(*self.faults.fsync_s)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._written)
+
+    def _take_batch(self) -> list[_Queued]:
+        """The queued records up to ``journal_batch_bytes_max`` (the real journal's rule)."""
+        limit = self.config.journal_batch_bytes_max
+        first = self._queue.popleft()
+        batch, size = [first], len(first[0].body) + _OVERHEAD
+        while self._queue and size < limit:
+            body_size = len(self._queue[0][0].body)
+            if size + body_size > limit:
+                break
+            batch.append(self._queue.popleft())
+            size += body_size + _OVERHEAD
+        return batch
+
+    def _write_fails(self) -> bool:
+        """Does this write fail? A dead journal disk, a scripted error, or the error rate
+        (no draw at rate 0: seeds without journal errors replay as before)."""
+        faults = self.faults
+        if self.disk.journal_failed:
+            return True
+        if faults.journal_errors_next > 0:
+            faults.journal_errors_next -= 1
+            return True
+        rate = faults.journal_error_rate
+        return bool(rate) and self.rng.random() < rate
+
+    def _written(self) -> None:
+        """The batch's write and sync returned: on the disk, or failed (fail-stop)."""
         self._timer = None
-        batch, self._queue = self._queue, []
-        self.disk.journal.extend(record for record, _ in batch)
-        self._stats["batches"] += 1
-        self._stats["records"] += len(batch)
+        batch = self._take_batch()
+        if self._broken is None and self._write_fails():
+            self._stats["write_errors"] += 1
+            self._broken = OSError(errno.EIO, "simulated journal write error")
+        error = None
+        if self._broken is None:
+            self.disk.journal.extend(record for record, _ in batch)
+            self._stats["batches"] += 1
+            self._stats["records"] += len(batch)
+        else:
+            error = JournalFailedError(f"journal write failed: {self._broken}")
+            error.__cause__ = self._broken
+            if self._failed is None:
+                self._failed = error
+                if self._on_failure is not None:
+                    self._on_failure(error)
+        self._queued_bytes -= sum(len(record.body) + _OVERHEAD for record, _ in batch)
+        if self._pressure and self._queued_bytes < self.config.journal_queue_bytes_max // 2:
+            self._set_pressure(False)
+        if self._queue:
+            self._start_write()  # what did not fit: the next write, at once
         for _, callback in batch:
-            callback(None)
+            try:
+                callback(error)
+            except Exception:  # one broken callback must not strand the batch's other answers
+                log.exception("journal callback failed")
 
     async def checkpoint(self, sync_engine: Callable[[], None]) -> None:
         # Every record in the journal was applied to the engine before it was appended, so
@@ -98,19 +213,27 @@ class SimJournal:
         self._stats["checkpoints"] += 1
 
     async def close(self) -> None:
-        if self._timer is not None:
+        """Make everything appended durable (callbacks run, or fail), then stop."""
+        self._closing = True
+        while self._timer is not None:  # the writes in progress end now (the old schedule)
             self._timer.cancel()
-            self._commit()
+            self._written()
 
     def crash(self) -> None:
-        """Lose the queue: its records were never durable, their callbacks never run."""
+        """Lose the queue and the write in progress: never durable, their callbacks never
+        run."""
+        self._closing = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._queue.clear()
 
     def statistics(self) -> dict[str, int | float]:
-        return {**self._stats, "queued": len(self._queue)}
+        return {
+            **self._stats,
+            "queued_bytes": self._queued_bytes,
+            "queued_records": len(self._queue),
+        }
 
 
 class FaultyEngine:
@@ -186,13 +309,22 @@ class SimStorage:
     """The bookie storage seam over a :class:`NodeDisk` (see the module docstring)."""
 
     def __init__(
-        self, disk: NodeDisk, rng: random.Random, faults: DiskFaults, guard_dirs: bool = False
+        self,
+        disk: NodeDisk,
+        rng: random.Random,
+        faults: DiskFaults,
+        guard_dirs: bool = False,
+        config: BookieConfig | None = None,
     ) -> None:
         self.disk = disk
         self.rng = rng
         self.faults = faults
+        self.config = config or BookieConfig()  # the bookie's: the journal's bounds
         self.engine = MemoryEngine(disk.engine)
-        self.journal = SimJournal(disk, rng, faults)
+        self.journal: SimJournal | None = None  # opened by open()
+        # Called first when the journal fails (the world cuts the node off the network then:
+        # its stop must not reach peers in an order no seed fixes).
+        self.on_journal_failure: Callable[[], None] | None = None
         self.guard_dirs = guard_dirs  # autorecovery seeds: the bookie's LedgerDirs on top
         self.faulty: FaultyEngine | None = None
 
@@ -207,12 +339,23 @@ class SimStorage:
     ) -> tuple[Engine, BookieJournal, int]:
         if self.disk.failed:
             raise OSError(errno.EIO, "simulated disk failure: the ledger disk is dead")
+        if self.disk.journal_failed:
+            raise OSError(errno.EIO, "simulated disk failure: the journal disk is dead")
         self.faulty = FaultyEngine(self.engine, self.rng, self.faults)
         engine: Engine = self.faulty
-        replayed = replay_into(self.engine, iter(self.journal.replay()))
+
+        def failed(exc: BaseException) -> None:
+            if self.on_journal_failure is not None:
+                self.on_journal_failure()
+            on_failure(exc)
+
+        journal = SimJournal(self.disk, self.rng, self.faults, self.config,
+                             on_pressure=on_pressure, on_failure=failed)  # fmt: skip
+        replayed = replay_into(self.engine, iter(journal.replay()))
+        self.journal = journal
         if self.guard_dirs:
             engine = LedgerDirs([DirShard(engine, "/ledgers")])
-        return engine, self.journal, replayed
+        return engine, journal, replayed
 
     async def disk_usage(self) -> DiskUsage:
         return DiskUsage(0.1, 9 << 30, 10 << 30)
@@ -231,7 +374,8 @@ class SimStorage:
 
     def crash(self, *, power_loss: bool) -> None:
         """What a crash leaves on the :class:`NodeDisk` (see the module docstring)."""
-        self.journal.crash()
+        if self.journal is not None:
+            self.journal.crash()
         unsynced = self.engine.unsynced_writes()
         keep = self.rng.randint(0, len(unsynced)) if power_loss else len(unsynced)
         self.disk.engine.apply(unsynced[:keep])

@@ -29,7 +29,7 @@ from .gwq import GWQ_BUGS
 from .logs import LOG_BUGS
 from .loop import Deadlock, Livelock, VirtualTimeLoop
 from .races import maybe_race
-from .workload import Run, Scenario, draw_scenario
+from .workload import Run, Scenario, draw_scenario, maybe_journal_errors
 from .world import Faults, World
 
 VIRTUAL_LIMIT_S = 600.0
@@ -90,6 +90,7 @@ def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
     scenario = draw_scenario(world.rng, faults)
     maybe_enable(seed, scenario)  # its own generator: other seeds play as before
     maybe_race(seed, scenario, faults)  # the same
+    maybe_journal_errors(seed, scenario, faults)  # the same
     world.calm_rates_changed()
     run = Run(world, scenario, history)
     if run.quorum_check:
@@ -114,6 +115,7 @@ def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
         "metadata_revision": world.state.revision,
         "power_losses": run.power_losses,
         "acked_copies_lost": run.acked_copies_lost,
+        "fail_stops": world.fail_stops,
         "logs": run.log_stats,
         "autorecovery": run.ar.statistics() if run.ar is not None else None,
     }

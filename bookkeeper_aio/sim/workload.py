@@ -136,6 +136,21 @@ def draw_scenario(rng: random.Random, faults: Faults) -> Scenario:
     return scenario
 
 
+JOURNAL_ERROR_SHARE = 0.5  # of the seeds neither race, autorecovery nor power storms (~8 %)
+
+
+def maybe_journal_errors(seed: int, sc: Scenario, faults: Faults) -> None:
+    """Journal write errors during the faults, in some seeds (a generator of their own, so
+    every other seed plays as before): a bookie whose journal write fails answers the batch
+    with errors and stops itself (fail-stop); it comes back at the heal, replaying what its
+    journal made durable."""
+    rng = random.Random(f"journal-errors-{seed}")
+    if sc.power_storm or sc.autorecovery is not None or sc.race is not None:
+        return
+    if rng.random() < JOURNAL_ERROR_SHARE:
+        faults.disk.journal_error_rate = rng.choice((0.01, 0.05))
+
+
 def _power_storm(rng: random.Random, sc: Scenario, faults: Faults) -> None:
     """Turn a journal-less seed into a *power storm* (BP-46's data-loss scenarios).
 

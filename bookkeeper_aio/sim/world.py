@@ -22,6 +22,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from engines.memory import MemoryDisk, MemoryEngine
 
@@ -102,7 +103,7 @@ class Faults:
     def calm(self) -> None:
         """No more random faults (the liveness phase)."""
         self.net.loss_rate = self.net.duplicate_rate = self.net.reorder_rate = 0.0
-        self.disk.io_error_rate = 0.0
+        self.disk.io_error_rate = self.disk.journal_error_rate = 0.0
         self.metadata_failure_rate = self.metadata_lost_reply_rate = 0.0
 
 
@@ -123,6 +124,7 @@ class World:
         self.journal_write_data = True  # False: BP-46 bookies (set before starting any)
         self.client_config = CLIENT_CONFIG
         self.guard_dirs = False  # autorecovery seeds: bookies take a failed disk out of service
+        self.fail_stops = 0  # incarnations that stopped themselves (a journal write error)
         self._meta_faults = MemoryFaults(random.Random(self.rng.getrandbits(64)))
         self._sync_metadata_faults()
 
@@ -202,7 +204,8 @@ class SimBookie:
 
     @property
     def up(self) -> bool:
-        return self.bookie is not None
+        """Running: started and not stopped by its own failure (fail-stop, e.g. its journal)."""
+        return self.bookie is not None and self.bookie.failure is None
 
     def config(self) -> BookieConfig:
         return BookieConfig(
@@ -234,12 +237,18 @@ class SimBookie:
         Raises:
             Exception: whatever the bookie's boot raises (the caller retries later).
         """
+        if self.bookie is not None:
+            await self._reap()
         assert self.bookie is None, f"{self.name} is running"
         world = self.world
-        storage = SimStorage(self.disk, random.Random(world.rng.getrandbits(64)), world.faults.disk,
-                             world.guard_dirs)  # fmt: skip
+        storage_rng = random.Random(world.rng.getrandbits(64))
+        config = self.config()  # drawn after the storage's rng, as before
+        storage = SimStorage(self.disk, storage_rng, world.faults.disk, world.guard_dirs, config)
+        # A journal failure stops the bookie (fail-stop): the process is as good as gone at
+        # once; its clean stop closes connections in set order, which no seed fixes.
+        storage.on_journal_failure = partial(world.net.kill_node, self.name)
         bookie = Bookie(
-            self.config(),
+            config,
             network=world.net.view(self.name),
             storage=storage,
             metadata=world.metadata_store(),
@@ -256,6 +265,17 @@ class SimBookie:
         self.bookie, self.storage = bookie, storage
         self.incarnation += 1
         self._after_crash = None
+
+    async def _reap(self) -> None:
+        """The incarnation stopped itself after a failure: once its stop has ended, the
+        process is gone (as after ``kill -9``: the page cache keeps what it wrote)."""
+        assert self.bookie is not None and self.storage is not None
+        assert self.bookie.failure is not None, f"{self.name} is running"
+        await self.bookie.closed.wait()
+        self.world.fail_stops += 1
+        self.world.net.kill_node(self.name)
+        self.storage.crash(power_loss=False)
+        self.bookie = self.storage = None
 
     def crash(self, *, power_loss: bool) -> None:
         """``kill -9`` (keeps what reached the page cache) or a power loss (may lose it). A
