@@ -18,7 +18,7 @@ from bookkeeper_aio.chaos import run_chaos, thawed_on_exit
 from bookkeeper_aio.sandbox import Cluster
 
 pytestmark = pytest.mark.process
-DURATION_S = float(os.environ.get("CHAOS_DURATION_S", "45"))
+DURATION_S = float(os.environ.get("CHAOS_DURATION_S", "25"))
 SEED = int(os.environ.get("CHAOS_SEED", "20240605"))
 
 

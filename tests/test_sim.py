@@ -1,6 +1,7 @@
 """The deterministic simulation: a sweep finds nothing, each bug switch is found, seeds replay.
 
-``SIM_SEEDS=A-B`` widens the sweep (``make sim`` runs seeds 0-999 from the command line).
+``SIM_SEEDS=A-B`` widens the sweep of seeds 0-99 (``make sim`` runs seeds 0-999 from the
+command line).
 Sweeps run their seeds in parallel processes (``SIM_WORKERS``; same results). The fixed-sample
 rate tests run only the seeds of the kind that plays the defect's conditions (race seeds,
 autorecovery seeds): a count there is a floor for the whole range, whose other seeds can only
@@ -23,7 +24,7 @@ from bookkeeper_aio.sim.runner import KNOWN_BUGS, quiet_logging, run_seed, scena
 
 
 def _seeds() -> range:
-    first, _, last = os.environ.get("SIM_SEEDS", "0-199").partition("-")
+    first, _, last = os.environ.get("SIM_SEEDS", "0-99").partition("-")
     return range(int(first), int(last) + 1)
 
 
@@ -42,7 +43,7 @@ def test_sweep_without_bugs_finds_nothing() -> None:
     assert not bad, "\n\n".join(bad[:3])
     # ... although it includes journal-less runs whose power losses took acknowledged copies
     # away (BP-46: the limbo protocol and the repair must make up for them).
-    if len(results) >= 200:
+    if len(results) >= 100:
         assert sum(r.scenario.power_storm for r in results) >= len(results) // 10
         assert sum(r.stats["acked_copies_lost"] > 0 for r in results) >= len(results) // 20
         # ... and autorecovery seeds whose lost bookies were replaced (DurabilityContract).
@@ -51,11 +52,11 @@ def test_sweep_without_bugs_finds_nothing() -> None:
 
 
 def _autorecovery_seeds(seeds: range) -> list[int]:
-    return [seed for seed in seeds if scenario_of(seed).autorecovery is not None]
+    return [seed for seed in seeds if scenario_of(seed)[0].autorecovery is not None]
 
 
 def _race_seeds(seeds: range) -> list[int]:
-    return [seed for seed in seeds if scenario_of(seed).race is not None]
+    return [seed for seed in seeds if scenario_of(seed)[0].race is not None]
 
 
 def test_replication_ignoring_placement_is_caught_in_a_fixed_sample() -> None:
@@ -97,9 +98,8 @@ def test_each_bug_switch_is_found_within_200_seeds(bug: str) -> None:
         assert found & ({"ClosedLedgerEntriesAtWriteQuorum"} | DATA_LOSS), last.report()
 
 
-@pytest.mark.parametrize("seed", [7, 53])  # 53: a log act whose clock was the wall's
-def test_a_seed_replays_exactly(seed: int) -> None:
-    a, b = run_seed(seed), run_seed(seed)
+def test_a_seed_replays_exactly() -> None:
+    a, b = run_seed(7), run_seed(7)
     assert (a.trace, a.virtual_s, a.stats) == (b.trace, b.virtual_s, b.stats)
     assert a.trace and a.virtual_s > 1.0
 
@@ -122,6 +122,9 @@ def test_command_line_exit_status() -> None:
     ok = sim("--seeds", "0-3")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "violations: none" in ok.stdout
+    # --seed replays exactly (seed 53's log act once read the real wall clock).
+    one, two = (sim("--seed", "53", "--verbose").stdout.splitlines()[:-1] for _ in range(2))
+    assert one == two and len(one) > 20
     first_bad = list(sweep(range(200), ["unknown-as-negative"], stop_at_first=True))[-1].seed
     bad = sim("--seed", str(first_bad), "--bug", "unknown-as-negative")
     assert bad.returncode == 1, bad.stdout + bad.stderr
@@ -177,9 +180,11 @@ def test_race_seeds_catch_the_recovery_bugs_often_in_a_fixed_sample(
 
 
 def test_journal_errors_stop_bookies_and_lose_nothing() -> None:
-    """Seeds with journal write errors (sim/workload.maybe_journal_errors; the first six of
-    seeds 0-99): bookies fail-stop on them, come back at the heal, and every invariant holds."""
-    results = list(sweep([8, 10, 22, 57, 69, 92]))
+    """Seeds with journal write errors (sim/workload.maybe_journal_errors; the first six):
+    bookies fail-stop on them, come back at the heal, and every invariant holds."""
+    seeds = [s for s in range(200) if scenario_of(s)[1].disk.journal_error_rate][:6]
+    assert len(seeds) == 6, seeds
+    results = list(sweep(seeds))
     bad = [r.report() for r in results if not r.ok]
     assert not bad, "\n\n".join(bad[:2])
     assert sum(r.stats["fail_stops"] > 0 for r in results) >= 3, [r.stats for r in results]

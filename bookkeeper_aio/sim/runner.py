@@ -131,9 +131,9 @@ def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
     )
 
 
-def scenario_of(seed: int) -> Scenario:
-    """The scenario ``seed`` plays, drawn as :func:`run_seed` draws it, without playing it
-    (cheap: tests pick the seeds of one kind, e.g. race or autorecovery seeds)."""
+def scenario_of(seed: int) -> tuple[Scenario, Faults]:
+    """The scenario and faults ``seed`` plays, drawn as :func:`run_seed` draws them, without
+    playing (cheap: tests pick the seeds of one kind, e.g. race or journal-error seeds)."""
     faults = Faults()
     loop = VirtualTimeLoop()  # the world's parts may look for a loop as they are built
     try:
@@ -141,9 +141,10 @@ def scenario_of(seed: int) -> Scenario:
         scenario = draw_scenario(world.rng, faults)
         maybe_enable(seed, scenario)
         maybe_race(seed, scenario, faults)
+        maybe_journal_errors(seed, scenario, faults)
     finally:
         loop.close()
-    return scenario
+    return scenario, faults
 
 
 async def _bounded(coro: Any) -> None:
