@@ -218,8 +218,8 @@ def sweep(
                 if stop_at_first and not result.ok:
                     return
         finally:
-            for future in pending:
-                future.cancel()
+            # The seeds still pending (at most 2 * workers) run to their end as the pool shuts
+            # down: cancelling them can hang Python 3.11's ProcessPoolExecutor.shutdown.
             if hash_seed is None:
                 os.environ.pop("PYTHONHASHSEED", None)
             else:
