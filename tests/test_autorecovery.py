@@ -108,6 +108,15 @@ async def marks(world: World) -> list[Mark]:
     return [Mark.from_json_bytes(v.value) for _, v in world.state.keys.items(MARKS_PREFIX)]
 
 
+async def drained(world: World, timeout_s: float = 20.0) -> None:
+    """Wait (virtual time, bounded) until no mark is left."""
+    for _ in range(int(timeout_s / 0.2)):
+        await asyncio.sleep(0.2)
+        if not await marks(world):
+            return
+    raise AssertionError(f"mark not drained: {await marks(world)}")
+
+
 def test_a_lost_bookie_is_replaced_and_the_auditor_moves_when_its_process_dies() -> None:
     async def body(world: World) -> None:
         lid = await write(world, 12)
@@ -225,12 +234,7 @@ def test_a_bookie_that_cannot_store_the_missing_copies_is_replaced() -> None:
         await mark_under_replicated(world.metadata_store(), lid, [missing], now_ms=1)
         ar = SimAutorecovery(world, "ar", CONFIG)
         ar.start()
-        for _ in range(100):
-            await asyncio.sleep(0.2)
-            if not await marks(world):
-                break
-        else:
-            raise AssertionError(f"mark not drained: {await marks(world)}")
+        await drained(world)
         md = world.ledger(lid).value
         assert bad.address not in md.bookies() and await complete(world, lid)
         assert ar.service.worker.counters["replacements"] == 1
@@ -425,12 +429,7 @@ def test_a_batch_refused_in_part_is_resumed_by_copying_only_what_is_missing() ->
         )
         ar = SimAutorecovery(world, "ar", config)
         ar.start()
-        for _ in range(100):
-            await asyncio.sleep(0.2)
-            if not await marks(world):
-                break
-        else:
-            raise AssertionError(f"mark not drained: {await marks(world)}")
+        await drained(world)
         (first,) = [b for b in batches if refused_entry in b][:1]
         assert len(first) > 1, batches  # the refused entry shared its batch with others
         assert stored == Counter(range(20)), (stored, batches)  # each stored once
