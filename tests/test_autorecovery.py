@@ -514,6 +514,41 @@ def test_index_runs_are_exactly_the_entries_whose_write_set_holds_the_index(
         assert got == want
 
 
+@given(
+    st.integers(1, 6).flatmap(lambda e: st.tuples(st.just(e), st.integers(1, e))),
+    st.integers(0, 50),
+    st.sets(st.integers(0, 5), max_size=3),
+)
+def test_copy_sources_keep_one_bookie_first_wherever_it_holds_the_entry(
+    quorum: tuple[int, int], turn: int, lost: set[int]
+) -> None:
+    """A stored batch is read whole to serve one entry: every entry a bookie holds must be
+    asked of the same bookie first, not of the write set's first (which turns per entry)."""
+    e, wq = quorum
+    md = LedgerMetadata(turn, e, wq, 1, ((0, tuple(f"b{i}" for i in range(e))),))
+    f = fr.fragments(md)[0]
+    bad = {f"b{i}" for i in lost}
+
+    def holders(entry_id: int) -> list[str]:
+        return [b for b in fr.replicas(md, f, entry_id) if b not in bad]
+
+    firsts = {}
+    for entry_id in range(60):
+        order = fr.by_preference(f, holders(entry_id), turn)
+        assert sorted(order) == sorted(holders(entry_id))
+        if order:
+            firsts[entry_id] = order[0]
+    # A bookie first for one entry is first for every entry it holds that no bookie
+    # preferred to it holds too: its runs are never split among other bookies.
+    rank = {b: (f.ensemble.index(b) - turn) % e for b in f.ensemble}
+    for first in set(firsts.values()):
+        for entry_id, other in firsts.items():
+            if first in holders(entry_id):
+                assert rank[other] <= rank[first]
+    if e == wq and len(lost & set(range(e))) < e:  # all hold all: one source for everything
+        assert len(set(firsts.values())) == 1
+
+
 ids = st.sets(st.integers(0, 200), max_size=60)
 
 

@@ -152,3 +152,13 @@ def replicas(md: LedgerMetadata, fragment: Fragment, entry_id: int) -> list[str]
     """The bookies of ``fragment`` holding ``entry_id``, in write-set order."""
     size = md.ensemble_size
     return [fragment.ensemble[(entry_id + k) % size] for k in range(md.write_quorum)]
+
+
+def by_preference(fragment: Fragment, holders: list[str], turn: int) -> list[str]:
+    """``holders`` (bookies of ``fragment``) in one fixed order for every entry: the
+    ensemble's, turned by ``turn``. A copier that reads each entry from the first of them
+    reads every entry of a stored batch from the same bookie, where the write-set order
+    (which turns with the entry id) would have several bookies each read the batch."""
+    size = len(fragment.ensemble)
+    rank = {b: (i - turn) % size for i, b in enumerate(fragment.ensemble)}
+    return sorted(holders, key=rank.__getitem__)

@@ -424,8 +424,12 @@ class ReplicationWorker:
             return
         bad = view.lost | job.failing | {target}
 
+        # One preferred source for every entry it holds (fr.by_preference): a bookie reads a
+        # stored batch whole to serve one entry of it (docs/performance.md,
+        # ``rereplication``); turned by the ledger id, so concurrent copies spread out.
         def sources(entry_id: int) -> list[str]:
-            found = [b for b in fr.replicas(md, f, entry_id) if b not in bad]
+            held = [b for b in fr.replicas(md, f, entry_id) if b not in bad]
+            found = fr.by_preference(f, held, job.ledger_id)
             return [b for b in found if b in view.registered] or found
 
         await copy_entries(self.ctx, job.ledger_id, job.key, target, fr.entries(todo), sources,
