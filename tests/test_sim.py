@@ -98,9 +98,13 @@ def test_each_bug_switch_is_found_within_200_seeds(bug: str) -> None:
         assert found & ({"ClosedLedgerEntriesAtWriteQuorum"} | DATA_LOSS), last.report()
 
 
-def test_a_seed_replays_exactly() -> None:
-    a, b = run_seed(7), run_seed(7)
+@pytest.mark.parametrize("seed", [7, 53])
+def test_a_seed_replays_exactly(seed: int) -> None:
+    # 53: a bookie crash aborts several connections, whose order (and so the latencies drawn
+    # for them) once came from a set of objects, ordered by their addresses.
+    a, b, c = run_seed(seed), run_seed(seed), run_seed(seed)
     assert (a.trace, a.virtual_s, a.stats) == (b.trace, b.virtual_s, b.stats)
+    assert (a.trace, a.virtual_s, a.stats) == (c.trace, c.virtual_s, c.stats)
     assert a.trace and a.virtual_s > 1.0
 
 

@@ -83,7 +83,9 @@ class Bookie:
         self.bugs = bugs  # simulator only: BP-46 bug switches (integrity.BOOKIE_BUGS)
         self.integrity: DataIntegrity | None = None
         self.counters: Counter[str] = Counter()
-        self.connections: set[BookieConnection] = set()
+        # In accept order (a dict, not a set: a set's order is the objects' addresses, and the
+        # simulator must replay a seed exactly when a crash aborts them in turn).
+        self.connections: dict[BookieConnection, None] = {}
         self.failure: BaseException | None = None
         self.stopped = asyncio.Event()  # stop() has begun
         self.closed = asyncio.Event()  # stop() has finished
@@ -249,7 +251,7 @@ class Bookie:
         if len(self.connections) >= self.config.connections_max:
             self.counters["connections_refused"] += 1
             return False
-        self.connections.add(conn)
+        self.connections[conn] = None
         self.counters["connections_accepted"] += 1
         if self._journal_full:
             conn.pause_reading("journal")
@@ -257,7 +259,7 @@ class Bookie:
 
     def unregister(self, conn: BookieConnection) -> None:
         """Forget a closed connection."""
-        self.connections.discard(conn)
+        self.connections.pop(conn, None)
 
     def _journal_pressure(self, full: bool) -> None:
         self._journal_full = full
