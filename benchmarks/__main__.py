@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -118,6 +119,12 @@ async def _stoppable(run: Callable[[argparse.Namespace], Awaitable[Any]], args: 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _, run, _ = MODES[args.mode]
+    if getattr(args, "dir", None):  # every mode's temporary dirs go inside it: make it
+        try:
+            os.makedirs(args.dir, exist_ok=True)
+        except OSError as exc:
+            print(f"benchmarks: --dir {args.dir}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     try:
         uvloop.run(_stoppable(run, args))
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -213,11 +213,14 @@ def test_overload_stays_within_its_memory_bound(tmp_path):
 def test_floor(tmp_path, inline):
     # Both variants start their servers, measure (run_benchmark checks the JSON keys and a
     # rate above zero: every add got its quorum of answers) and stop them.
+    # --dir need not exist yet: the benchmark makes it.
     flags = ["--inline"] if inline else []
+    where = tmp_path / "not" / "made" / "yet"
     result = run_benchmark(
-        tmp_path, "floor", "--adds", "200", "--entry-size", "256", "--dir", str(tmp_path),
+        tmp_path, "floor", "--adds", "200", "--entry-size", "256", "--dir", str(where),
         *flags,
     )  # fmt: skip
+    assert where.is_dir()
     assert result["system"].startswith("floor (inline)" if inline else "floor (journal thread)")
 
 
