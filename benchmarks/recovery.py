@@ -51,6 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="then N more entries per ledger, sent at once: an unconfirmed tail",
     )
+    p.add_argument(
+        "--read-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the recovering client's recovery_read_batch_entries (0: one read per entry)",
+    )
 
 
 async def abandon_ledgers(uri: str, args: argparse.Namespace) -> tuple[list[int], list[float]]:
@@ -93,7 +100,9 @@ async def recover_all(
     """Open every ledger with recovery, ``--parallel`` at a time: per ledger (seconds, LAC
     before, recovered end), and the wall time of them all."""
     gate = asyncio.Semaphore(args.parallel)
-    async with BookKeeper.connect(uri, client_config(args.outstanding, args.entry_size)) as bk:
+    batch = {} if args.read_batch is None else {"recovery_read_batch_entries": args.read_batch}
+    config = client_config(args.outstanding, args.entry_size, **batch)
+    async with BookKeeper.connect(uri, config) as bk:
         lacs = await _known_lacs(bk, ledger_ids)
 
         async def one(lid: int) -> tuple[float, int, int]:

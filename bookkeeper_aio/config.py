@@ -396,6 +396,8 @@ class BookieConfig(AutorecoverySettings):
 class ClientConfig(_Config):
     """Limits and timeouts of a client (connections to bookies)."""
 
+    ZERO_ALLOWED: ClassVar[frozenset[str]] = frozenset({"recovery_read_batch_entries"})
+
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 10.0  # any request without its own longer deadline
     frame_bytes_max: int = 5 * MiB
@@ -424,6 +426,9 @@ class ClientConfig(_Config):
     speculative_read_timeout_s: float = 0.5  # then the read also goes to the next replica
     long_poll_timeout_ms: int = 5_000  # a tailer's wait for the LAC to move
     recovery_reads_parallel_max: int = 256  # a window: recovery reads two ahead, writes one
+    # Past this many entries read one by one, recovery reads the tail in ReadBatchRequests of
+    # this many entries where every bookie holds every entry (E == WQ); 0: one by one.
+    recovery_read_batch_entries: int = 64
     reads_parallel_max: int = 1_000  # entries of one read(first, last) in flight at once
     close_timeout_s: float = 30.0  # waiting for pending adds before a close gives up
     min_racks_per_write_quorum: int = 1  # >1: rack-aware placement

@@ -42,8 +42,8 @@ from .errors import FrameTooLargeError, ProtocolError
 
 # 2: AddBatchRequest carries packed stored records; 3: MultiAddRequest; 4: ScrubRequest and
 # LedgerRecordsRequest (operator requests), WriteLafrRequest and
-# ReadLacResponse.last_add_fully_replicated (guaranteed write quorum)
-PROTOCOL_VERSION = 4
+# ReadLacResponse.last_add_fully_replicated (guaranteed write quorum); 5: ReadBatchRequest
+PROTOCOL_VERSION = 5
 FRAME_HEADER = struct.Struct(">I")
 RESPONSE_BIT = 0x80
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -250,6 +250,25 @@ class WriteLafrRequest(_WriteLafrRequestFields):
     OP = 12
 
 
+class _ReadBatchRequestFields(NamedTuple):
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    max_count: int
+    flags: int  # READ_FLAG_FENCE (no long poll)
+    master_key: bytes | None  # required with READ_FLAG_FENCE
+    max_bytes: int  # the answer's packed entries stop before passing it (one entry at least)
+
+
+class ReadBatchRequest(_ReadBatchRequestFields):
+    """Read up to ``max_count`` consecutive entries from ``first_entry_id`` in one answer
+    (BookKeeper 4.17's batch read), as that many :class:`ReadRequest`\\s would; may fence.
+    Recovery reads a long tail with it where every bookie holds every entry (E == WQ)."""
+
+    __slots__ = ()
+    OP = 13
+
+
 MULTI_ADD_PART_OPS = frozenset({AddRequest.OP, AddBatchRequest.OP})
 
 
@@ -321,6 +340,32 @@ def _more_entries(data: bytes, pos: int, most: int) -> bool:
             return False
         pos += prefix.size + prefix.unpack_from(data, pos)[1]
     return True
+
+
+def pack_read_entry(entry_id: int, record: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
+    """One stored record (``digest.ENTRY_RECORD_HEADER`` and payload) as a
+    :class:`ReadBatchResponse` carries it: the same layout as an add batch's entries."""
+    return PACKED_ENTRY_PREFIX.pack(entry_id, len(record)), record
+
+
+def unpack_read_entries(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    """``(entry_id, entry_lac, digest, payload)`` of a :class:`ReadBatchResponse`'s entries,
+    unchecked (the reader verifies each digest, as for a ReadResponse).
+
+    Raises:
+        ValueError: an entry is cut short or its record is shorter than its header.
+    """
+    out, pos, end, skip = [], 0, len(data), ENTRY_RECORD_HEADER.size
+    while pos < end:
+        if end - pos < ADD_ENTRY_HEAD.size:
+            raise ValueError(f"read entries cut short at byte {pos}")
+        entry_id, size, lac, _pdigest, digest = ADD_ENTRY_HEAD.unpack_from(data, pos)
+        start = pos + PACKED_ENTRY_PREFIX.size
+        pos = start + size
+        if size < skip or pos > end:
+            raise ValueError(f"entry {entry_id}: record of {size} bytes does not fit")
+        out.append((entry_id, lac, digest, data[start + skip : pos]))
+    return out
 
 
 # --- responses ----------------------------------------------------------------------------
@@ -501,6 +546,26 @@ class LedgerRecordsResponse(_LedgerRecordsResponseFields):
     OP = LedgerRecordsRequest.OP | RESPONSE_BIT
 
 
+class _ReadBatchResponseFields(NamedTuple):
+    request_id: int
+    status: int
+    ledger_id: int
+    first_entry_id: int
+    entries: bytes  # consecutive entries from first_entry_id, as pack_read_entries packs them
+    end_status: int  # why the entry after the last one is not there; OK: a limit was reached
+    lac_proof: LacProof | None
+
+
+class ReadBatchResponse(_ReadBatchResponseFields):
+    """The entries a :class:`ReadBatchRequest` found, in order, each as a ReadResponse would
+    carry it (:func:`unpack_read_entries`), then what the next entry would have answered
+    (NO_SUCH_ENTRY, UNKNOWN in limbo, IO_ERROR), or OK when ``max_count`` or ``max_bytes`` ended
+    the answer first. ``status`` is the request's own (NO_SUCH_LEDGER, UNAUTHORIZED, ...)."""
+
+    __slots__ = ()
+    OP = ReadBatchRequest.OP | RESPONSE_BIT
+
+
 class _ErrorResponseFields(NamedTuple):
     request_id: int
     status: int
@@ -527,6 +592,7 @@ Request = (
     | MultiAddRequest
     | ScrubRequest
     | LedgerRecordsRequest
+    | ReadBatchRequest
 )
 Response = (
     HelloResponse
@@ -541,6 +607,7 @@ Response = (
     | MultiAddResponse
     | ScrubResponse
     | LedgerRecordsResponse
+    | ReadBatchResponse
     | ErrorResponse
 )
 Message = Request | Response
@@ -590,6 +657,8 @@ _SPECS: dict[type[Message], str] = {
     ScrubResponse: "iiiiiiiiiii",
     LedgerRecordsRequest: "ini",
     LedgerRecordsResponse: "iiLi",
+    ReadBatchRequest: "innniBi",
+    ReadBatchResponse: "iiiibip",
 }
 _INT = f"(type({{v}}) is int and {INT64_MIN} <= {{v}} <= {INT64_MAX})"
 _UINT = f"(type({{v}}) is int and 0 <= {{v}} <= {UINT64_MAX})"
@@ -642,7 +711,7 @@ def _checker(tags: str) -> Callable[[list[Any]], bool]:
 _BY_OP: dict[int, tuple[type[Message], int, Callable[[list[Any]], bool]]] = {
     cls.OP: (cls, len(tags), _checker(tags)) for cls, tags in _SPECS.items()
 }
-_PROOF_FIELD: dict[type, int] = {ReadResponse: 7, ReadLacResponse: 3}
+_PROOF_FIELD: dict[type, int] = {ReadResponse: 7, ReadLacResponse: 3, ReadBatchResponse: 6}
 
 
 def _build(fields: list[Any]) -> Message | BadFrame:

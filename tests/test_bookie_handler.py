@@ -26,6 +26,8 @@ from bookkeeper_aio.protocol import (
     ErrorResponse,
     ListEntriesRequest,
     MultiAddRequest,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadLacRequest,
     ReadRequest,
     WriteLacRequest,
@@ -34,6 +36,7 @@ from bookkeeper_aio.protocol import (
     encode,
     multi_add_results,
     pack_add_entries,
+    unpack_read_entries,
 )
 from engines.memory import MemoryEngine
 
@@ -287,6 +290,60 @@ def test_explicit_negatives_and_limbo():
     h.handler.set_limbo(L, KEY, False, done.append)
     assert h.read(5).status == StatusCode.NO_SUCH_ENTRY
     assert h.engine.get_ledger(L).fenced
+
+
+def test_a_batch_read_answers_what_single_reads_would():
+    h = Harness()
+    for i in range(10):
+        h.add(i, b"entry %d" % i)
+
+    def batch_read(first, count, *, flags=0, key=None, max_bytes=1 << 20, **kw):
+        reply = h.send(ReadBatchRequest, L, first, count, flags, key, max_bytes, **kw)
+        assert type(reply) is ReadBatchResponse
+        return reply, unpack_read_entries(reply.entries) if reply.status == 0 else []
+
+    reply, got = batch_read(2, 5)
+    assert reply.status == StatusCode.OK and reply.end_status == StatusCode.OK
+    for entry_id, lac, digest, payload in got:  # each exactly as ReadRequest finds it
+        single = h.read(entry_id)
+        assert (lac, digest, payload) == (single.entry_lac, single.digest, single.payload)
+    assert [g[0] for g in got] == [2, 3, 4, 5, 6]
+    # Past the last entry: what the next entry would have answered.
+    reply, got = batch_read(8, 5)
+    assert [g[0] for g in got] == [8, 9] and reply.end_status == StatusCode.NO_SUCH_ENTRY
+    # A byte budget ends it early (one entry at least), with OK: nothing was missing.
+    record = 24 + len(b"entry 0")  # a stored record: its header, then the payload
+    reply, got = batch_read(0, 10, max_bytes=2 * record)
+    assert [g[0] for g in got] == [0, 1] and reply.end_status == StatusCode.OK
+    reply, got = batch_read(0, 10, max_bytes=1)
+    assert [g[0] for g in got] == [0]
+    # The request's own failures.
+    assert batch_read(0, 0)[0].status == StatusCode.BAD_REQUEST
+    assert batch_read(0, 3, flags=READ_FLAG_LONG_POLL)[0].status == StatusCode.BAD_REQUEST
+    assert batch_read(0, 3, key=OTHER_KEY)[0].status == StatusCode.UNAUTHORIZED
+    reply = h.send(ReadBatchRequest, L + 1, 0, 3, 0, None, 1 << 20)
+    assert reply.status == StatusCode.NO_SUCH_LEDGER
+    # A fencing batch read fences first (durably: its answer waits for the journal).
+    assert h.send(ReadBatchRequest, L, 0, 3, READ_FLAG_FENCE, KEY, 1 << 20, sync=False) is None
+    assert [r for r, _, _ in h.journal.pending] == [REC_FENCE]
+    h.journal.sync()
+    assert (
+        h.replies[-1].status == StatusCode.OK
+        and len(unpack_read_entries(h.replies[-1].entries)) == 3
+    )
+    assert h.add(10).status == StatusCode.FENCED
+    # In limbo a missing entry may have existed: UNKNOWN, never an explicit negative.
+    h.handler.set_limbo(L, KEY, True, lambda _: None)
+    h.journal.sync()
+    assert batch_read(9, 3)[0].end_status == StatusCode.UNKNOWN
+
+
+def test_a_batch_read_is_bounded_by_request_entries_max():
+    h = Harness(request_entries_max=4)
+    for i in range(10):
+        h.add(i)
+    reply = h.send(ReadBatchRequest, L, 0, 10, 0, None, 1 << 20)
+    assert len(unpack_read_entries(reply.entries)) == 4 and reply.end_status == StatusCode.OK
 
 
 def test_read_only_rejects_normal_adds_but_accepts_recovery_adds():

@@ -294,6 +294,33 @@ async def test_recovery_fences_the_writer_and_keeps_every_acknowledged_entry(sha
         assert [e.payload for e in entries[:200]] == [b"%d" % i for i in range(200)]
 
 
+@pytest.mark.parametrize("ensemble", [3, 4])
+async def test_a_long_unconfirmed_tail_is_recovered_whole(shared_cluster, ensemble):
+    # Every entry in flight at once: each carries the LAC of before the burst, so recovery
+    # reads the whole tail forward: with E == WQ in ReadBatchRequests past the first
+    # recovery_read_batch_entries, with E > WQ entry by entry.
+    uri, tail = shared_cluster.uri, 1500
+    async with BookKeeper.connect(uri, CONFIG) as bk1, BookKeeper.connect(uri, CONFIG) as bk2:
+        w = await bk1.create_ledger(ensemble, 3, 2, password=b"pw")
+        await asyncio.gather(*[w.append_nowait(b"t%d" % i) for i in range(tail)])
+        sent: collections.Counter[str] = collections.Counter()
+        send = bk2.ctx.pool.send
+
+        def counting(address, msg_type, *fields, callback):
+            sent[msg_type.__name__] += 1
+            send(address, msg_type, *fields, callback=callback)
+
+        bk2.ctx.pool.send = counting  # type: ignore[method-assign]
+        r = await bk2.open_ledger(w.ledger_id, password=b"pw", recovery=True)
+        assert r.is_closed and r.last_add_confirmed == tail - 1
+        assert [e.payload for e in await r.read(0, tail - 1)] == [b"t%d" % i for i in range(tail)]
+        batch = CONFIG.recovery_read_batch_entries
+        if ensemble == 3:  # the first batch one by one, then batches (and the end's replicas)
+            assert sent["ReadBatchRequest"] >= 5 and sent["ReadRequest"] < 2 * batch, sent
+        else:
+            assert sent["ReadBatchRequest"] == 0 and sent["ReadRequest"] > 2 * batch, sent
+
+
 async def test_two_recoverers_agree(shared_cluster):
     uri = shared_cluster.uri
     async with (

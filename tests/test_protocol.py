@@ -40,6 +40,8 @@ from bookkeeper_aio.protocol import (
     ListEntriesResponse,
     MultiAddRequest,
     MultiAddResponse,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -60,7 +62,9 @@ from bookkeeper_aio.protocol import (
     multi_add_results,
     pack_add_entries,
     pack_multi_add,
+    pack_read_entry,
     request_limits,
+    unpack_read_entries,
 )
 
 i64 = st.integers(-(2**63), 2**63 - 1)
@@ -98,6 +102,8 @@ MESSAGES = st.one_of(
     st.builds(ScrubResponse, i64, *[i64] * 10),
     st.builds(LedgerRecordsRequest, i64, ids, i64),
     st.builds(LedgerRecordsResponse, i64, i64, st.lists(blob, max_size=2), i64),
+    st.builds(ReadBatchRequest, i64, ids, ids, ids, i64, st.none() | blob, i64),
+    st.builds(ReadBatchResponse, i64, i64, i64, i64, blob, i64, proofs),
 )
 ADDS = st.one_of(
     st.builds(AddRequest, i64, ids, i64, i64, blob, i64, blob, u64),
@@ -121,7 +127,12 @@ def test_every_message_round_trips(msg):
     assert decoded == msg and type(decoded) is type(msg)
 
 
-@given(MESSAGES.filter(lambda m: not isinstance(m, ReadResponse | ReadLacResponse)), i64)
+@given(
+    MESSAGES.filter(
+        lambda m: not isinstance(m, ReadResponse | ReadLacResponse | ReadBatchResponse)
+    ),
+    i64,
+)
 def test_a_shared_frame_is_byte_for_byte_the_plain_frame(msg, request_id):
     # The writer packs an add once for its whole write set (SharedFrame): each bookie must
     # still receive exactly the frame a plain encode would have produced.
@@ -383,3 +394,17 @@ def test_big_requests_round_trip_under_a_bookies_limits(msg):
 def test_arbitrary_big_bodies_never_raise_under_a_bookies_limits(body):
     for item in FrameDecoder(1 << 20, request_limits(1024)).feed(frame(body)):
         assert isinstance(item, BadFrame) or hasattr(item, "OP")
+
+
+@given(st.lists(st.tuples(ids, i64, u64, blob), max_size=8), st.integers(1, 40))
+def test_read_entries_unpack_as_packed_and_a_cut_is_refused(entries, cut):
+    records = [
+        (eid, pack_entry_record(lac, payload_digest(payload), digest, payload))
+        for eid, lac, digest, payload in entries
+    ]
+    data = b"".join(b"".join(pack_read_entry(eid, rec)) for eid, rec in records)
+    assert unpack_read_entries(data) == entries
+    if entries:  # cut inside the last entry
+        last = 12 + 24 + len(entries[-1][3])  # its prefix, record header and payload
+        with pytest.raises(ValueError):
+            unpack_read_entries(data[: len(data) - min(cut, last - 1)])

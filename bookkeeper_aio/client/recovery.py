@@ -54,9 +54,13 @@ from ..protocol import (
     AddBatchRequest,
     AddBatchResponse,
     AddResponse,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadLacRequest,
     ReadRequest,
+    ReadResponse,
     pack_add_entries,
+    unpack_read_entries,
 )
 from ..quorum import (
     ReadDecision,
@@ -218,6 +222,13 @@ class _ReadAhead:
         self._first_only: dict[int, tuple[str, float, Callable[[], None]]] = {}
         self._slow: set[str] = set()  # first members that did not answer in time: ask all
         self._speculate_at: asyncio.TimerHandle | None = None
+        # Past the first ``batch`` entries (a short tail is decided entry by entry), entries go
+        # ``batch`` at a time in one ReadBatchRequest to the bookie that comes first for all
+        # of them: possible only where every bookie holds every entry (E == WQ).
+        self._first = first
+        self._after: dict[int, list[_EntryRead]] = {}  # (_issue_batch) asked once it is decided
+        batch = ctx.config.recovery_read_batch_entries
+        self._batch = min(batch, ahead) if md.ensemble_size == md.write_quorum else 0
         self._fill()
 
     async def take(self, count: int) -> tuple[list[Any], bool]:
@@ -279,58 +290,179 @@ class _ReadAhead:
 
     def _fill(self) -> None:
         while not self._stopped and self._next < self._taken + self.ahead:
-            self._issue(self._next)
-            self._next += 1
+            count = self._batch_size()
+            if count > 1:
+                self._issue_batch(self._next, count)
+            elif count == 1:
+                self._issue(self._next)
+            else:
+                return  # room for a whole batch comes as entries are taken
+            self._next += count
 
-    def _issue(self, entry_id: int) -> None:
-        md = self.md
-        ensemble = md.ensemble_at(entry_id)
-        members = write_set(entry_id, md.ensemble_size, md.write_quorum)
-        statuses: list[int | None] = []
+    def _batch_size(self) -> int:
+        """How many entries from ``_next`` to ask now: 1 (a read of its own), a batch (up
+        to the end of its segment), or 0: wait until there is room ahead for the batch."""
+        if not self._batch or self._next - self._first < self._batch:
+            return 1
+        later = [f for f, _ in self.md.ensembles if f > self._next]
+        count = min(self._batch, min(later) - self._next) if later else self._batch
+        return count if self._next + count <= self._taken + self.ahead else 0
+
+    def _issue_batch(self, first: int, count: int) -> None:
+        """Ask one bookie (the first of the first entry's write set; E == WQ: it holds every
+        entry) for ``count`` entries at once: each entry's first read. Each entry it returns
+        is decided as if its own ReadRequest had answered; the entry it stopped at gets the
+        status it gave (so its other replicas are asked); an entry it did not reach (a
+        limit), or every entry of a request that failed as a whole, is asked with a
+        ReadRequest of its own. That bookie comes first for each of these entries
+        (:class:`_EntryRead`): its answer must not count again when the others are asked."""
+        md, lid = self.md, self.md.ledger_id
+        members = write_set(first, md.ensemble_size, md.write_quorum)
+        bookie = md.ensemble_at(first)[members[0]]
+        reads = [_EntryRead(self, e, bookie) for e in range(first, first + count)]
+        flags, key = self._fields[0], self._fields[1]
+        if bookie in self._slow:  # as _issue: a slow first member is asked with the others
+            for read in reads:
+                read.ask_first()
+                read.ask_rest()
+            return
+        now = asyncio.get_running_loop().time()
+        for read in reads:
+            self._first_only[read.entry_id] = (bookie, now, read.ask_rest)
 
         def answered(result: Any) -> None:
-            if self._closed or len(statuses) >= len(members):
-                return  # closed, or decided before this answer
-            good = entry_ok(md.ledger_id, entry_id, result)
-            status = getattr(result, "status", None)
-            statuses.append(StatusCode.OK if good else (None if status == 0 else status))
-            decision = recovery_read_decision(
-                statuses, md.write_quorum, md.ack_quorum,
-                unknown_as_negative=self._unknown_as_negative,
-            )  # fmt: skip
-            if decision is ReadDecision.PENDING and len(statuses) == len(members):
-                decision = ReadDecision.UNDECIDED
-            self._first_only.pop(entry_id, None)
-            if decision is not ReadDecision.PENDING:
-                statuses.extend([None] * (len(members) - len(statuses)))  # decided: no more
-                self._decide(entry_id, decision, result if good else None)
-            else:  # the first copy was not good: ask the rest
-                ask_rest()
+            if self._closed:
+                return
+            found: list[tuple[int, int, int, bytes]] = []
+            whole = type(result) is ReadBatchResponse and result.status == StatusCode.OK
+            if whole:
+                try:
+                    found = unpack_read_entries(result.entries)
+                except ValueError:  # garbled: every entry asked again, one by one
+                    whole = False
+            stop = len(found) if whole and result.end_status != StatusCode.OK else None
+            if stop is not None and stop + 1 < count:
+                # Past an entry the bookie lacks (most often the ledger's end): asked only
+                # if that entry proves recoverable after all (another replica has it).
+                later = reads[stop + 1 :]
+                for read in later:
+                    self._first_only.pop(read.entry_id, None)
+                self._after[reads[stop].entry_id] = later
+            for index, read in enumerate(reads):
+                if stop is not None and index > stop:
+                    break
+                if not whole or (index >= len(found) and stop is None):
+                    read.ask_first()  # not reached (a limit), or no answer: its own request
+                elif index == stop:  # where the bookie stopped: its answer for it
+                    read.answered(ReadResponse(0, result.end_status, lid, read.entry_id, None,
+                                               None, None, result.lac_proof))  # fmt: skip
+                else:
+                    eid, lac, digest, payload = found[index]
+                    read.answered(ReadResponse(0, StatusCode.OK, lid, eid, lac, payload, digest,
+                                               result.lac_proof))  # fmt: skip
+            if stop is not None and reads[stop].decision is ReadDecision.RECOVERABLE:
+                self._decide_later(reads[stop].entry_id)  # decided before this answer came
 
-        asked_rest = False
+        self.ctx.pool.send(bookie, ReadBatchRequest, lid, first, count, flags, key,
+                           self.ctx.config.frame_bytes_max // 4, callback=answered)  # fmt: skip
+        self._schedule_speculation()
 
-        def ask_rest() -> None:
-            nonlocal asked_rest
-            if not asked_rest:
-                asked_rest = True
-                for index in members[1:]:
-                    self.ctx.pool.send(ensemble[index], ReadRequest, *fields, callback=answered)
-
-        fields = (md.ledger_id, entry_id, *self._fields)
-        first = ensemble[members[0]]
-        self.ctx.pool.send(first, ReadRequest, *fields, callback=answered)
-        if first in self._slow:
-            ask_rest()
-        elif len(statuses) < len(members) and not asked_rest:  # not answered at once
-            self._first_only[entry_id] = (first, asyncio.get_running_loop().time(), ask_rest)
-            self._schedule_speculation()
+    def _issue(self, entry_id: int) -> None:
+        self._ask(_EntryRead(self, entry_id))
 
     def _decide(self, entry_id: int, decision: ReadDecision, response: Any) -> None:
         self._decided[entry_id] = (decision, response)
         if decision is not ReadDecision.RECOVERABLE:
             self._stopped = True
+        self._decide_later(entry_id)
         if entry_id == self._taken and self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
+
+    def _decide_later(self, entry_id: int) -> None:
+        """Ask the entries deferred behind ``entry_id`` (:meth:`_issue_batch`) once it is
+        decided recoverable: the ledger may go on past it. (Even if a later entry stopped
+        the reads meanwhile: these come before it, and take() needs them.)"""
+        decided = self._decided.get(entry_id)
+        if decided is None or decided[0] is ReadDecision.RECOVERABLE:
+            for read in self._after.pop(entry_id, ()):
+                self._ask(read)
+
+    def _ask(self, read: _EntryRead) -> None:
+        """An entry's own read of its first member (the others too if that one is slow),
+        watched for speculation."""
+        read.ask_first()
+        if read.first in self._slow:
+            read.ask_rest()
+        elif read.pending():  # not answered at once
+            now = asyncio.get_running_loop().time()
+            self._first_only[read.entry_id] = (read.first, now, read.ask_rest)
+            self._schedule_speculation()
+
+
+class _EntryRead:
+    """The reads of one entry in a recovery (:class:`_ReadAhead`): one member of its write
+    set asked first (the write set's first, or ``first``: a batch's bookie), then the others
+    if that answer is not a good copy; decided by
+    :func:`~bookkeeper_aio.quorum.recovery_read_decision` as the answers arrive. Each
+    member is asked once: a negative counts once per bookie."""
+
+    __slots__ = ("ahead", "asked_first", "asked_rest", "bookies", "decision", "entry_id",
+                 "first", "statuses")  # fmt: skip
+
+    def __init__(self, ahead: _ReadAhead, entry_id: int, first: str | None = None) -> None:
+        md = ahead.md
+        self.ahead, self.entry_id = ahead, entry_id
+        ensemble = md.ensemble_at(entry_id)
+        bookies = [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum)]
+        if first is not None:  # a batch's bookie (E == WQ: it holds every entry) goes first
+            bookies.remove(first)
+            bookies.insert(0, first)
+        self.bookies = bookies
+        self.first = bookies[0]
+        self.statuses: list[int | None] = []
+        self.asked_first = self.asked_rest = False
+        self.decision: ReadDecision | None = None
+
+    def pending(self) -> bool:
+        """Nothing decided it yet and only its first member was asked."""
+        return len(self.statuses) < len(self.bookies) and not self.asked_rest
+
+    def ask_first(self) -> None:
+        if not self.asked_first:
+            self.asked_first = True
+            self._send(self.first)
+
+    def ask_rest(self) -> None:
+        if not self.asked_rest:
+            self.asked_rest = True
+            for bookie in self.bookies[1:]:
+                self._send(bookie)
+
+    def _send(self, bookie: str) -> None:
+        ahead = self.ahead
+        ahead.ctx.pool.send(bookie, ReadRequest, ahead.md.ledger_id, self.entry_id,
+                            *ahead._fields, callback=self.answered)  # fmt: skip
+
+    def answered(self, result: Any) -> None:
+        ahead, md, statuses = self.ahead, self.ahead.md, self.statuses
+        if ahead._closed or len(statuses) >= len(self.bookies):
+            return  # closed, or decided before this answer
+        good = entry_ok(md.ledger_id, self.entry_id, result)
+        status = getattr(result, "status", None)
+        statuses.append(StatusCode.OK if good else (None if status == 0 else status))
+        decision = recovery_read_decision(
+            statuses, md.write_quorum, md.ack_quorum,
+            unknown_as_negative=ahead._unknown_as_negative,
+        )  # fmt: skip
+        if decision is ReadDecision.PENDING and len(statuses) == len(self.bookies):
+            decision = ReadDecision.UNDECIDED
+        ahead._first_only.pop(self.entry_id, None)
+        if decision is not ReadDecision.PENDING:
+            statuses.extend([None] * (len(self.bookies) - len(statuses)))  # decided: no more
+            self.decision = decision
+            ahead._decide(self.entry_id, decision, result if good else None)
+        else:  # the first copy was not good: ask the rest
+            self.ask_rest()
 
 
 async def _write_back(
