@@ -34,6 +34,7 @@ from bookkeeper_aio.protocol import (
     LedgerRecordsRequest,
     ListEntriesRequest,
     MultiAddRequest,
+    ReadBatchRequest,
     ReadLacRequest,
     ReadRequest,
     ScrubRequest,
@@ -182,6 +183,7 @@ REQUESTS: dict[type, list[Any]] = {  # a valid instance's fields after the reque
     MultiAddRequest: [[]],
     ScrubRequest: [False],
     LedgerRecordsRequest: [0, 10],
+    ReadBatchRequest: [ACKED_LEDGER, 0, 10, 0, None, 1 << 20],
 }
 WRONG_TYPES = st.one_of(
     st.text(max_size=8), st.binary(max_size=8), st.floats(allow_nan=True), st.none(),

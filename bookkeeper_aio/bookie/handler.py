@@ -620,7 +620,8 @@ class RequestHandler:
             status = StatusCode.NO_SUCH_LEDGER if state is None else StatusCode.UNAUTHORIZED
             reply(ReadBatchResponse(rid, status, lid, first, b"", OK, None))
             return
-        count = min(req.max_count, self.config.request_entries_max)
+        # (ids stay int64: a request may name the last one)
+        count = min(req.max_count, self.config.request_entries_max, INT64_MAX - first + 1)
         budget = min(req.max_bytes, self.config.frame_bytes_max // 2)
         parts: list[bytes | memoryview] = []
         size, end = 0, OK
