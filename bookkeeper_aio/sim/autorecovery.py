@@ -146,7 +146,7 @@ class AutorecoveryAgents:
         self.history.on_replacement = self.check_replacement
         # Writers and readers mark the copies they see missing (BP-31 triggers); bookies
         # take a failed disk out of service and mark its ledgers.
-        self.world.client_config = CLIENT_CONFIG.replace(mark_short_copies=True)
+        self.world.client_config = self.world.client_config.replace(mark_short_copies=True)
         self.world.guard_dirs = True
 
     def statistics(self) -> dict[str, int]:

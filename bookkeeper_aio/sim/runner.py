@@ -18,7 +18,7 @@ import os
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,8 +75,12 @@ class SimResult:
         return "\n".join(lines)
 
 
-def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
-    """Play the scenario of ``seed`` with the given bug switches; see the module docstring."""
+def run_seed(
+    seed: int, bugs: Iterable[str] = (), client_changes: Mapping[str, Any] | None = None
+) -> SimResult:
+    """Play the scenario of ``seed`` with the given bug switches; see the module docstring.
+    ``client_changes``: fields of every simulated client's config (tests only: e.g. a path
+    that the default limits leave to long tails)."""
     bugs = frozenset(bugs)
     unknown = bugs - set(KNOWN_BUGS)
     if unknown:
@@ -85,6 +89,8 @@ def run_seed(seed: int, bugs: Iterable[str] = ()) -> SimResult:
     loop = VirtualTimeLoop()
     faults = Faults()
     world = World(seed, faults, bugs)
+    if client_changes:
+        world.client_config = world.client_config.replace(**client_changes)
     history = History(loop.time)
     world.state.on_metadata = history.metadata_written
     scenario = draw_scenario(world.rng, faults)
