@@ -262,7 +262,7 @@ class _ReadBatchRequestFields(NamedTuple):
 
 class ReadBatchRequest(_ReadBatchRequestFields):
     """Read up to ``max_count`` consecutive entries from ``first_entry_id`` in one answer
-    (BookKeeper 4.17's batch read), as that many :class:`ReadRequest`\\s would; may fence.
+    (BookKeeper 4.17's batch read), as that many ReadRequests would; may fence.
     Recovery reads a long tail with it where every bookie holds every entry (E == WQ)."""
 
     __slots__ = ()
@@ -551,7 +551,7 @@ class _ReadBatchResponseFields(NamedTuple):
     status: int
     ledger_id: int
     first_entry_id: int
-    entries: bytes  # consecutive entries from first_entry_id, as pack_read_entries packs them
+    entries: bytes  # consecutive entries from first_entry_id, each as pack_read_entry packs it
     end_status: int  # why the entry after the last one is not there; OK: a limit was reached
     lac_proof: LacProof | None
 
