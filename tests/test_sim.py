@@ -176,16 +176,17 @@ RACE_TARGETS = {
 # Issue 29 asks for 5 % of any 1,000 consecutive seeds: here, of seeds 0-99. Race seeds (35 of
 # 0-99) with 6-12 strikes over at least 6 s of faults catch 9 and 8 of them (docs/simulation.md);
 # the floors leave room for timing changes elsewhere and still mean more than 5 %.
-RACE_FLOOR = {"recovery-below-last-segment": 6, "recovery-reads-without-fence": 6}
+RACE_FLOOR = {"recovery-below-last-segment": 10, "recovery-reads-without-fence": 10}
 
 
 @pytest.mark.parametrize("bug", sorted(RACE_TARGETS))
 def test_race_seeds_catch_the_recovery_bugs_often_in_a_fixed_sample(
     bug: str,
 ) -> None:
-    """Not once by luck: the catches among the race seeds of 0-99 (the other seeds can only
-    add to them) are more than 5 % of the 100 seeds (RACE_FLOOR)."""
-    results = list(sweep(_race_seeds(range(100)), [bug]))
+    """Not once by luck: the catches among the race seeds of 0-199 (the other seeds can only
+    add to them) are at least 5 % of the 200 seeds (RACE_FLOOR; 12 and 18 on 2026-11-27). A
+    sample of 100 seeds was too small: any change of timing moved a catch in or out of it."""
+    results = list(sweep(_race_seeds(range(200)), [bug]))
     invariant = RACE_TARGETS[bug]
     caught = [r.seed for r in results if any(v.invariant == invariant for v in r.violations)]
     assert len(caught) >= RACE_FLOOR[bug], (bug, caught)
