@@ -248,6 +248,11 @@ class BookieConfig(AutorecoverySettings):
     journal_batch_bytes_max: int = 512 * KiB
     journal_batch_wait_ms: float = 0.0  # 0: write as soon as the disk is free (adaptive)
     journal_queue_bytes_max: int = 64 * MiB  # appended, not yet durable; past it, stop reading
+    # The engine's backlog (rocksdb: memtables waiting for their flush) is looked at after this
+    # many bytes written to it; under pressure the bookie stops reading requests, and looks
+    # again every engine_pressure_poll_s until it is gone (docs/operations.md).
+    engine_pressure_check_bytes: int = 1 * MiB
+    engine_pressure_poll_s: float = 0.005
     journal_file_bytes_max: int = 256 * MiB  # roll over to a new file past this
     journal_preallocate_bytes: int = 16 * MiB  # zero-filled ahead so fdatasync skips metadata
     # Journal files opened O_DIRECT (not through the page cache) where the fs supports it.

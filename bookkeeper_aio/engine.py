@@ -83,16 +83,27 @@ class Engine(Protocol):
         """Store (or overwrite) one entry's record."""
 
     def put_entries(
-        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+        self,
+        ledger_id: int,
+        entries: list[tuple[int, Record]],
+        packed: bytes | None = None,
+        recovery: bool = False,
     ) -> None:
         """Store (entry id, record) pairs of one ledger, in order: ``put_entry`` for each,
         with the per-call work done once (the bookie's batched adds). A record may be a view
         of the request it came in; the engine copies what it keeps. ``packed``, if given,
         is the same entries as an add batch carries them (``protocol.PACKED_ENTRY_PREFIX``,
-        then the record, per entry), which an engine may store as they are."""
+        then the record, per entry), which an engine may store as they are. ``recovery``:
+        written by a recovery add (a copy autorecovery makes, a recovery's write-back),
+        which an engine may store apart from what writers add (the rocksdb engine does)."""
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The record of an entry, or None if absent."""
+
+    def write_pressure(self) -> bool:
+        """Whether writes have run so far ahead of the engine's background work (rocksdb:
+        memtables waiting for their flush) that more could block the caller; the bookie then
+        stops reading requests until it is False. Cheap: called every few MiB written."""
 
     def last_entry_id(self, ledger_id: int) -> int:
         """The highest entry id stored for the ledger, or -1 if none."""

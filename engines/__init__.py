@@ -92,9 +92,16 @@ class ShardedEngine:
         self._shard(ledger_id).put_entry(ledger_id, entry_id, record)
 
     def put_entries(
-        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+        self,
+        ledger_id: int,
+        entries: list[tuple[int, Record]],
+        packed: bytes | None = None,
+        recovery: bool = False,
     ) -> None:
-        self._shard(ledger_id).put_entries(ledger_id, entries, packed)
+        self._shard(ledger_id).put_entries(ledger_id, entries, packed, recovery)
+
+    def write_pressure(self) -> bool:
+        return any(shard.write_pressure() for shard in self.shards)
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         shard = self._where.get(ledger_id)

@@ -211,7 +211,11 @@ class FilesEngine:
             ledger.set(entry_id, loc, len(record))
 
     def put_entries(
-        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+        self,
+        ledger_id: int,
+        entries: list[tuple[int, Record]],
+        packed: bytes | None = None,
+        recovery: bool = False,
     ) -> None:
         for entry_id, record in entries:
             self.put_entry(ledger_id, entry_id, record)
@@ -321,6 +325,9 @@ class FilesEngine:
         self._dir_dirty |= created
 
     # ----- reads
+
+    def write_pressure(self) -> bool:
+        return False  # appends go straight to the current log: no backlog of our own
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         ledger = self._ledgers.get(ledger_id)

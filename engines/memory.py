@@ -62,13 +62,20 @@ class MemoryEngine:
             self._pending.append(("entry", ledger_id, entry_id, bytes(record)))
 
     def put_entries(
-        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+        self,
+        ledger_id: int,
+        entries: list[tuple[int, Record]],
+        packed: bytes | None = None,
+        recovery: bool = False,
     ) -> None:
         for entry_id, record in entries:
             self.put_entry(ledger_id, entry_id, record)
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self._entries.get(ledger_id, {}).get(entry_id)
+
+    def write_pressure(self) -> bool:
+        return False
 
     def last_entry_id(self, ledger_id: int) -> int:
         return self._last.get(ledger_id, -1)

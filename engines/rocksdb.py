@@ -52,6 +52,22 @@ lands in, and a block holding a 4 MiB entry took a lookup of an absent id next t
 A dir written before the ``batches`` family existed gets its batch keys copied there on open
 (one pass over the batches, then a marker key; synced).
 
+Why copies apart: the batches of recovery adds (``put_entries(..., recovery=True)``: the copies
+autorecovery makes, a recovery's write-back) go to the column family ``copies``
+(``COPIES_CF``), with blob files, and their index entry in ``batches`` says so (a suffix after
+the count). A bookie that takes copies already holds SSTs over the copied ledgers' key range
+(its own ledgers, written at the same time), so in the entries' family every flush of copies
+overlapped them and compaction rewrote megabytes of payload again and again: re-replicating 1
+GiB ran at 18-24 MB/s, the target's disk busy compacting. In ``copies`` the payloads go to
+blob files at flush and compactions move keys and ~30-byte references only. A blob file holds
+the copies of the few ledgers copied at the same time, so a deleted ledger's payloads may share
+files with live ones: blob garbage collection is on there (a compaction moves the live payloads
+of the oldest quarter of the blob files it meets, and such files past half garbage are compacted
+for it), and ``reclaim_space`` moves every live payload once less than ``live_ratio_min`` of the
+family's blob bytes is live (BookKeeper's compaction threshold for entry logs).
+Writers' adds stay in the entries' family, where one ledger's SSTs only move down the levels
+(blob files there cost one ledger 4-8 %: ``blob_files``).
+
 Big-endian ids make byte order numeric order, so a ledger's batches and its entries are each one
 contiguous key range (``seek`` walks it, ``seek_for_prev`` finds its last, ``delete_range``
 drops it). A write batch spanning the families is still atomic; one WAL serves them all, and
@@ -93,7 +109,9 @@ from typing import TypeVar
 
 from rocksdict import (
     BlockBasedOptions,
+    BottommostLevelCompaction,
     ColumnFamily,
+    CompactOptions,
     DBCompressionType,
     DBRecoveryMode,
     Options,
@@ -112,12 +130,20 @@ _ENTRY_KEY = struct.Struct(">cQQ")
 _BATCH_KEY = struct.Struct(">cQQQ")
 _RANGE = struct.Struct(">QQ")  # a batch key's first and last entry ids, after the prefix
 _COUNT = struct.Struct(">I")  # in BATCHES_CF: how many entries the batch holds
+_IN_COPIES = b"r"  # after the count in BATCHES_CF: the batch's value is in COPIES_CF
+_IN_COPIES_SIZE = _COUNT.size + len(_IN_COPIES)  # (a count alone may end in b"r": 114)
 _PARSED_COUNT_MAX = 16  # batches kept parsed for reads (each read looks through them)
 _LEDGER_KEY = struct.Struct(">cQ")
 _ID = struct.Struct(">Q")
 _ID_MAX = 2**64 - 1
 _T = TypeVar("_T")
 BLOB_BYTES_MIN = 256  # with blob files: records this long or longer go to them (header: 24)
+# Memtables per family (the active one and those waiting for their flush). RocksDB slows writes
+# down once MEMTABLES_MAX - 1 wait, and the bookie stops reading requests at _IMMUTABLE_PAUSE
+# (write_pressure): the requests read before that lands have two memtables of room.
+_MEMTABLES_MAX = 6
+_IMMUTABLE_PAUSE = 3
+_BLOB_GC_AGE_CUTOFF = 0.25  # COPIES_CF: RocksDB's default, the oldest quarter's payloads move
 
 
 def entry_key(ledger_id: int, entry_id: int) -> bytes:
@@ -126,6 +152,7 @@ def entry_key(ledger_id: int, entry_id: int) -> bytes:
 
 INFOS_CF = "infos"  # the column family of the ledger infos
 BATCHES_CF = "batches"  # every batch key again, its entry count as value (module docstring)
+COPIES_CF = "copies"  # the batches of recovery adds, with blob files (module docstring)
 _BATCHES_MARKER = b"v1"  # in BATCHES_CF: it holds every batch key (sorts after b"b...")
 
 
@@ -164,6 +191,8 @@ class RocksDBEngine:
         self._infos_cf: ColumnFamily | None = self._db.get_column_family_handle(INFOS_CF)
         self._batches_db: Rdict | None = self._db.get_column_family(BATCHES_CF)
         self._batches_cf: ColumnFamily | None = self._db.get_column_family_handle(BATCHES_CF)
+        self._copies_db: Rdict | None = self._db.get_column_family(COPIES_CF)
+        self._copies_cf: ColumnFamily | None = self._db.get_column_family_handle(COPIES_CF)
         self._write_opt = WriteOptions()
         self._write_opt.sync = False  # the fsync is flush_wal(True) in sync(), once per group
         # A property in rocksdict 0.3.29, not a method (as its type stub says).
@@ -264,7 +293,11 @@ class RocksDBEngine:
         self.put_entries(ledger_id, [(entry_id, bytes(record))])
 
     def put_entries(
-        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+        self,
+        ledger_id: int,
+        entries: list[tuple[int, Record]],
+        packed: bytes | None = None,
+        recovery: bool = False,
     ) -> None:
         if not entries:
             return
@@ -277,12 +310,17 @@ class RocksDBEngine:
                     parts += (PACKED_ENTRY_PREFIX.pack(entry_id, len(record)), record)
                 packed = b"".join(parts)
             key = _BATCH_KEY.pack(b"b", ledger_id, first, last)
+            count = _COUNT.pack(len(entries))
             with self._lock:
                 batch = self._stage()
-                batch.put(key, packed)
+                if recovery:
+                    batch.put(key, packed, self._copies_cf)
+                    count += _IN_COPIES
+                else:
+                    batch.put(key, packed)
                 # found there without reading values; the count says whether the batch holds
                 # every id from first to last, so listing it needs no value either
-                batch.put(key, _COUNT.pack(len(entries)), self._batches_cf)
+                batch.put(key, count, self._batches_cf)
                 self._staged_bytes += len(packed)
                 self._write_staged(self._write_behind_bytes)
             self._batched.add(ledger_id)
@@ -318,6 +356,7 @@ class RocksDBEngine:
                 batch.delete_range(start, start + b"\xff" * 17)
             start = _LEDGER_KEY.pack(b"b", ledger_id)
             batch.delete_range(start, start + b"\xff" * 17, self._batches_cf)
+            batch.delete_range(start, start + b"\xff" * 17, self._copies_cf)
             batch.delete(info_key(ledger_id), self._infos_cf)
             self._write_staged()
         self._deleted.add(ledger_id)
@@ -351,6 +390,19 @@ class RocksDBEngine:
             staged, self._staged, self._staged_bytes = self._staged, None, 0
             self._db.write(staged, self._write_opt)
 
+    def write_pressure(self) -> bool:
+        """Whether a family has ``_IMMUTABLE_PAUSE`` memtables waiting for their flush: past
+        ``_MEMTABLES_MAX - 1`` RocksDB slows every write down (to 16 MB/s) by sleeping in the
+        writing thread, the bookie's event loop (``_open_db``)."""
+        with self._lock:
+            families = (self._db, self._copies_db)
+            return any(
+                family is not None
+                and (family.property_int_value("rocksdb.num-immutable-mem-table") or 0)
+                >= _IMMUTABLE_PAUSE
+                for family in families
+            )
+
     # ----- reads
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
@@ -376,9 +428,10 @@ class RocksDBEngine:
         found = self._iterate(lambda it: _db_batch(it, ledger_id, entry_id), self._batches_db)
         if found is None:
             return None
-        first, last = found
-        assert self._db is not None
-        value = self._db.get(_BATCH_KEY.pack(b"b", ledger_id, first, last))
+        first, last, copied = found
+        db = self._copies_db if copied else self._db
+        assert db is not None
+        value = db.get(_BATCH_KEY.pack(b"b", ledger_id, first, last))
         if value is None:
             return None
         batch = _Batch(last, value)
@@ -411,10 +464,12 @@ class RocksDBEngine:
         with self._lock:
             ids = self._iterate(lambda it: _db_ids(it, ledger_id, start, max_count))
             if ledger_id in self._batched:
-                db = self._db
-                assert db is not None, "engine is closed"
-                more = self._iterate(lambda it: _db_batch_ids(it, db, ledger_id, start, max_count),
-                                     self._batches_db)  # fmt: skip
+                db, copies = self._db, self._copies_db
+                assert db is not None and copies is not None, "engine is closed"
+                more = self._iterate(
+                    lambda it: _db_batch_ids(it, (db, copies), ledger_id, start, max_count),
+                    self._batches_db,
+                )
                 ids = sorted(set(ids).union(more))[:max_count]
         return ids
 
@@ -436,37 +491,42 @@ class RocksDBEngine:
     def reclaim_space(self, live_ratio_min: float) -> int:
         """Compact the key ranges of the ledgers deleted since the last call: the range
         deletes then drop their keys (and blob files whose every entry is gone), and the SSTs
-        are rewritten without them. Returns the SST and blob bytes freed (RocksDB's figures
-        before and after). A crash at any point leaves RocksDB's own consistent state: the
-        range deletes were written (and synced by the bookie) before."""
+        are rewritten without them. When less than ``live_ratio_min`` of ``COPIES_CF``'s blob
+        bytes is still live, its live payloads move to new blob files too. Returns the SST and
+        blob bytes freed (RocksDB's figures before and after). A crash at any point leaves
+        RocksDB's own consistent state: the range deletes were written (and synced by the
+        bookie) before."""
         with self._lock:
             deleted, self._deleted = sorted(self._deleted), set()
         if not deleted:
             return 0
         with self._sync_lock:  # close() waits for it
-            db, batches = self._db, self._batches_db
-            assert db is not None and batches is not None, "engine is closed"
-            before = _stored_bytes(db, batches)
+            db, batches, copies = self._db, self._batches_db, self._copies_db
+            assert db is not None and batches is not None and copies is not None, "closed"
+            before = _stored_bytes(db, batches, copies)
             for ledger_id in deleted:
-                for space, family in ((b"e", db), (b"b", db), (b"b", batches)):
+                for space, family in ((b"e", db), (b"b", db), (b"b", batches), (b"b", copies)):
                     start = _LEDGER_KEY.pack(space, ledger_id)
                     family.compact_range(start, start + b"\xff" * 17)
-            return max(0, before - _stored_bytes(db, batches))
+            _collect_copies(copies, live_ratio_min)
+            return max(0, before - _stored_bytes(db, batches, copies))
 
     # ----- durability
 
     def sync(self) -> None:
         with self._sync_lock:
             with self._lock:
-                db, infos, batches = self._db, self._infos_db, self._batches_db
-                assert db is not None and infos is not None and batches is not None, "closed"
+                db, infos, batches, copies = (self._db, self._infos_db, self._batches_db,
+                                              self._copies_db)  # fmt: skip
+                assert db and infos and batches and copies, "engine is closed"
                 self._write_staged()
             # The durability point; both release the GIL while they write and fsync. One WAL
-            # serves both column families; without it, each flushes its own memtable.
+            # serves every column family; without it, each flushes its own memtable.
             if self._wal:
                 db.flush_wal(True)
             else:
                 infos.flush(True)
+                copies.flush(True)  # before the batch keys that point into it
                 batches.flush(True)
                 db.flush(True)
             self._syncs += 1
@@ -485,6 +545,7 @@ class RocksDBEngine:
             db, self._db = self._db, None
             self._infos_db = self._infos_cf = None  # handles also hold the LOCK
             self._batches_db = self._batches_cf = None
+            self._copies_db = self._copies_cf = None
             self._staged, self._staged_bytes = None, 0  # close() synced them; else a failure
             if db is not None:
                 db.close()
@@ -506,9 +567,12 @@ def _open_db(directory: str, memtable_bytes: int, direct_io: bool, blob_files: b
     # Small memtables (RocksDB's default is 64 MiB): each flush writes and fsyncs its SST while
     # the journal fdatasyncs on the same disk, and a 64 MiB flush stalled journal syncs for
     # 20-50 ms (open-loop p99 ~110 ms at 30k adds/s; with 8 MiB ~40-50 ms, throughput the same).
-    # Four of them, so a slow flush never stops writes: a stall would block the event loop.
+    # Several of them, so a slow flush does not stop writes: RocksDB's slowdown sleeps in the
+    # writing thread, the bookie's event loop. Before it, the bookie stops reading requests
+    # (write_pressure). With 4 (until 2026-11-27) a bookie filled with 256 KiB entries on a
+    # busy disk slowed down for seconds: its clients' requests timed out, its lease lapsed.
     opts.set_write_buffer_size(memtable_bytes)
-    opts.set_max_write_buffer_number(4)
+    opts.set_max_write_buffer_number(_MEMTABLES_MAX)
     # No block compression (RocksDB's default is Snappy): entries are the client's bytes,
     # which a client that wants it compresses itself (Pulsar compresses its batches), and
     # Snappy on incompressible entries cost ~0.4 µs per 1 KiB entry for nothing (benchmarks
@@ -542,14 +606,52 @@ def _open_db(directory: str, memtable_bytes: int, direct_io: bool, blob_files: b
     infos.set_write_buffer_size(1 << 20)  # infos are a few dozen bytes each
     batches = Options(raw_mode=True)
     batches.set_write_buffer_size(1 << 20)  # 25 bytes per batch
+    families = {INFOS_CF: infos, BATCHES_CF: batches, COPIES_CF: _copies_options(memtable_bytes)}
     try:
-        return Rdict(directory, opts, column_families={INFOS_CF: infos, BATCHES_CF: batches})
+        return Rdict(directory, opts, column_families=families)
     except Exception as e:  # rocksdict raises a bare Exception("IO error: ... lock ...")
         if "lock" in str(e).lower():
             raise OSError(
                 errno.EBUSY, f"ledger dir {directory} is in use by another process ({e})"
             ) from e
         raise
+
+
+def _collect_copies(copies: Rdict, live_ratio_min: float) -> None:
+    """When less than ``live_ratio_min`` of COPIES_CF's blob bytes is live, compact all of it
+    with every blob file open to garbage collection: the live payloads move to new blob files
+    and the old ones go (BookKeeper's major compaction of entry logs, over the whole family:
+    RocksDB gives no figures per blob file). A blob file holds the copies of the few ledgers
+    copied at the same time, so those of a deleted ledger wait here for the others' deletion,
+    or for the oldest quarter's collection when later copies compact."""
+    total = copies.property_int_value("rocksdb.total-blob-file-size") or 0
+    garbage = copies.property_int_value("rocksdb.live-blob-file-garbage-size") or 0
+    if not total or (total - garbage) / total >= live_ratio_min:
+        return
+    options = CompactOptions()
+    # The last level too: files already there are otherwise skipped, and so are their blobs.
+    options.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+    options.set_exclusive_manual_compaction(False)  # the copies' own compactions go on
+    copies.set_options({"blob_garbage_collection_age_cutoff": "1.0"})
+    try:
+        copies.compact_range(None, None, options)
+    finally:
+        copies.set_options({"blob_garbage_collection_age_cutoff": str(_BLOB_GC_AGE_CUTOFF)})
+
+
+def _copies_options(memtable_bytes: int) -> Options:
+    """COPIES_CF's options: payloads in blob files, with blob garbage collection (module
+    docstring, "Why copies apart")."""
+    copies = Options(raw_mode=True)
+    copies.set_write_buffer_size(memtable_bytes)
+    copies.set_max_write_buffer_number(_MEMTABLES_MAX)
+    copies.set_compression_type(DBCompressionType.none())
+    copies.set_enable_blob_files(True)
+    copies.set_min_blob_size(BLOB_BYTES_MIN)
+    copies.set_enable_blob_gc(True)
+    copies.set_blob_gc_age_cutoff(_BLOB_GC_AGE_CUTOFF)
+    copies.set_blob_gc_force_threshold(0.5)  # ... and compacted for once half of it is garbage
+    return copies
 
 
 class _Batch:
@@ -592,17 +694,17 @@ def _ascending_above(entries: list[tuple[int, Record]], last: int) -> bool:
     return True
 
 
-def _db_batch(it: RdictIter, ledger_id: int, entry_id: int) -> tuple[int, int] | None:
-    """(first, last id) of the ledger's batch whose id range covers ``entry_id``, if any, from
-    an iterator of ``BATCHES_CF``: batches never overlap, so it is the one with the greatest
-    first id <= ``entry_id``."""
+def _db_batch(it: RdictIter, ledger_id: int, entry_id: int) -> tuple[int, int, bool] | None:
+    """(first, last id, whether in COPIES_CF) of the ledger's batch whose id range covers
+    ``entry_id``, if any, from an iterator of ``BATCHES_CF``: batches never overlap, so it is
+    the one with the greatest first id <= ``entry_id``."""
     it.seek_for_prev(_BATCH_KEY.pack(b"b", ledger_id, entry_id, _ID_MAX))
     if it.valid():
         key = it.key()
         if key[:9] == _LEDGER_KEY.pack(b"b", ledger_id):
             first, last = _RANGE.unpack_from(key, 9)
             if entry_id <= last:
-                return first, last
+                return first, last, len(it.value()) == _IN_COPIES_SIZE
     return None
 
 
@@ -632,13 +734,14 @@ def _skip_scan(it: RdictIter, space: bytes, found: set[int]) -> None:
 
 
 def _db_batch_ids(
-    it: RdictIter, db: Rdict, ledger_id: int, start: int, max_count: int
+    it: RdictIter, dbs: tuple[Rdict, Rdict], ledger_id: int, start: int, max_count: int
 ) -> list[int]:
     """Up to ``max_count`` ids >= ``start`` held in the ledger's batches, ascending, from an
     iterator of ``BATCHES_CF``. A batch whose count there says it holds every id of its range
     is listed from its key; only the others (a striped ensemble's, or from a dir written before
-    the counts) have their value read from ``db`` (a 256 KiB entry's batch is megabytes: reading
-    every value took a third of a bookie's CPU while autorecovery checked ledgers)."""
+    the counts) have their value read (from the entries' family or ``COPIES_CF``, ``dbs``; a
+    256 KiB entry's batch is megabytes: reading every value took a third of a bookie's CPU
+    while autorecovery checked ledgers)."""
     prefix = _LEDGER_KEY.pack(b"b", ledger_id)
     it.seek_for_prev(_BATCH_KEY.pack(b"b", ledger_id, start, _ID_MAX))
     if not (it.valid() and it.key()[:9] == prefix):
@@ -651,11 +754,11 @@ def _db_batch_ids(
         first, last = _RANGE.unpack_from(key, 9)
         count = it.value()
         if last >= start:
-            if len(count) == _COUNT.size and _COUNT.unpack(count)[0] == last - first + 1:
+            if len(count) >= _COUNT.size and _COUNT.unpack_from(count)[0] == last - first + 1:
                 low = max(first, start)
                 ids += range(low, min(last, low + max_count - len(ids) - 1) + 1)
             else:
-                value = db.get(key)
+                value = dbs[len(count) == _IN_COPIES_SIZE].get(key)
                 if value is not None:
                     ids += (entry_id for entry_id, _ in _spans(value) if entry_id >= start)
         it.next()

@@ -64,8 +64,8 @@ class ManualJournal:
 
 
 class Harness:
-    def __init__(self, **config: object) -> None:
-        self.engine = MemoryEngine()
+    def __init__(self, engine: MemoryEngine | None = None, **config: object) -> None:
+        self.engine = MemoryEngine() if engine is None else engine
         self.journal = ManualJournal()
         self.handler = RequestHandler(self.engine, self.journal, BookieConfig(**config))
         self.replies: list = []
@@ -205,6 +205,26 @@ def test_a_multi_add_answers_each_part_as_if_it_had_come_alone_once_all_are_dura
     assert unauthorized == AddResponse(h.rid, StatusCode.UNAUTHORIZED, L, 1)
     assert h.read(0).payload == b"a0" and h.engine.get_entry(other, 0) is not None
     assert h.send(MultiAddRequest, []).results == []  # nothing to add: answered at once
+
+
+class FlagRecordingEngine(MemoryEngine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[list[int], bool]] = []
+
+    def put_entries(self, ledger_id, entries, packed=None, recovery=False):
+        self.calls.append(([e for e, _ in entries], recovery))
+        super().put_entries(ledger_id, entries, packed, recovery)
+
+
+def test_the_engine_is_told_which_adds_are_recovery_adds():
+    """The rocksdb engine keeps recovery adds (autorecovery's copies) apart, in blob files."""
+    h = Harness(FlagRecordingEngine())
+    batch(h, [(0, b"a"), (1, b"b")])
+    batch(h, [(2, b"c"), (3, b"d")], flags=ADD_FLAG_RECOVERY)
+    h.add(4, flags=ADD_FLAG_RECOVERY)
+    h.add(5)
+    assert h.engine.calls == [([0, 1], False), ([2, 3], True), ([4], True), ([5], False)]
 
 
 def test_digest_mismatch_is_rejected_and_nothing_is_stored():

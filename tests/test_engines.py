@@ -31,7 +31,7 @@ from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
 from engines import files_compaction
 from engines.files import FilesEngine, LogCorruptError
 from engines.memory import MemoryDisk, MemoryEngine
-from engines.rocksdb import BATCHES_CF, INFOS_CF, RocksDBEngine
+from engines.rocksdb import BATCHES_CF, COPIES_CF, INFOS_CF, RocksDBEngine
 
 # rocksdb-nowal: RocksDB without its WAL, as a bookie whose journal holds the data opens it.
 ENGINES = ["memory", "files", "rocksdb", "rocksdb-nowal"]
@@ -256,7 +256,7 @@ def _default_cf_keys(path: Path) -> list[bytes]:
     db = Rdict(
         str(path),
         Options(raw_mode=True),
-        column_families={cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF)},
+        column_families={cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF, COPIES_CF)},
     )
     try:
         return list(db.keys())
@@ -400,6 +400,59 @@ def test_rocksdb_lists_batches_that_fill_their_range_without_reading_them(tmp_pa
     e.close()
 
 
+@pytest.mark.parametrize("wal", [True, False])
+def test_rocksdb_keeps_recovery_adds_apart_in_blob_files(tmp_path: Path, wal: bool) -> None:
+    """Autorecovery's copies go to COPIES_CF, whose payloads are in blob files (its
+    compactions move keys only); reads, lists and deletes see both families as one."""
+    written = {i: os.urandom(1000) for i in range(50)}
+    copied = {i: os.urandom(1000) for i in range(50, 150)}
+    e = RocksDBEngine(str(tmp_path), wal=wal)
+    e.put_entries(1, list(written.items()))
+    e.put_entries(1, list(copied.items()), recovery=True)
+    e.put_entries(2, [(i, b"s%d" % i) for i in (0, 3, 6)], recovery=True)  # striped: no count
+    # 114 entries: a count whose last byte is b"r", the copies' mark; not in COPIES_CF
+    e.put_entries(3, [(i, b"w%d" % i) for i in range(114)])
+    e.sync()
+    for _ in range(2):  # and after a reopen
+        assert all(e.get_entry(1, i) == r for i, r in {**written, **copied}.items())
+        assert e.list_entries(1, 45, 10) == list(range(45, 55)) and e.last_entry_id(1) == 149
+        assert e.list_entries(2, 0, 10) == [0, 3, 6] and e.get_entry(2, 3) == b"s3"
+        assert e.get_entry(3, 113) == b"w113" and e.list_entries(3, 110, 10) == [110, 111, 112, 113]
+        e.close()
+        e = RocksDBEngine(str(tmp_path), wal=wal)
+    e.close()
+    if not wal:  # sync() flushed the memtables: the copies' payloads are in a blob file
+        blobs = list(tmp_path.glob("*.blob"))
+        assert sum(b.stat().st_size for b in blobs) > sum(map(len, copied.values()))
+    e = RocksDBEngine(str(tmp_path), wal=wal)
+    e.delete_ledger(1)
+    e.delete_ledger(2)
+    assert e.get_entry(1, 60) is None and e.list_entries(2, 0, 10) == [] and e.ledgers() == [3]
+    e.close()
+
+
+def test_rocksdb_gives_back_the_space_of_deleted_copies(tmp_path: Path) -> None:
+    """Copies of two ledgers made at the same time share blob files; once one is deleted and
+    less than live_ratio_min of the blob bytes is live, reclaim_space moves the live ones."""
+    record = os.urandom(4000)
+    e = RocksDBEngine(str(tmp_path), wal=False)
+    for step in range(10):
+        for ledger_id in (1, 2):
+            e.put_entries(ledger_id, [(step * 50 + i, record) for i in range(50)], recovery=True)
+        e.sync()  # a flush: one blob file with both ledgers' copies
+    copies = e._copies_db
+    assert copies is not None
+    blob_bytes = copies.property_int_value("rocksdb.total-blob-file-size")
+    assert blob_bytes > 2 * 500 * len(record)
+    e.delete_ledger(1)
+    e.sync()
+    assert e.reclaim_space(0.9) > 0.4 * blob_bytes
+    left = copies.property_int_value("rocksdb.total-blob-file-size")
+    assert left < 0.55 * blob_bytes  # ledger 2's half, and nothing of ledger 1
+    assert all(e.get_entry(2, i) == record for i in range(500)) and e.get_entry(1, 0) is None
+    e.close()
+
+
 def test_rocksdb_copies_batch_keys_of_an_older_dir_to_their_column_family(tmp_path: Path) -> None:
     from rocksdict import Options, Rdict
 
@@ -411,7 +464,7 @@ def test_rocksdb_copies_batch_keys_of_an_older_dir_to_their_column_family(tmp_pa
     db = Rdict(  # as a dir written before BATCHES_CF existed
         str(tmp_path),
         Options(raw_mode=True),
-        column_families={cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF)},
+        column_families={cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF, COPIES_CF)},
     )
     db.drop_column_family(BATCHES_CF)
     db.close()
@@ -1117,3 +1170,18 @@ def _apply(s: Store, e: Engine, model: Model, op: tuple[object, ...]) -> Engine:
                     snapshot.unlink()
             return s.open()
     return e
+
+
+def test_rocksdb_write_pressure_reads_a_property_rocksdb_has(tmp_path: Path) -> None:
+    """The memtables waiting for their flush, per family: a misspelt property reads None, and
+    the bookie would never stop reading before RocksDB's slowdown blocks its loop."""
+    e = RocksDBEngine(str(tmp_path), wal=False)
+    try:
+        e.put_entries(1, [(i, os.urandom(1000)) for i in range(100)])
+        assert e.write_pressure() is False
+        for family in (e._db, e._copies_db):
+            assert family is not None
+            assert family.property_int_value("rocksdb.num-immutable-mem-table") == 0
+    finally:
+        e.close()
+    assert e.write_pressure() is False  # closed: no pressure, no error

@@ -13,6 +13,7 @@ from bookkeeper_aio.bookie.server import Bookie
 from bookkeeper_aio.errors import StatusCode
 from bookkeeper_aio.protocol import (
     FRAME_HEADER,
+    PROTOCOL_VERSION,
     READ_FLAG_FENCE,
     READ_FLAG_LONG_POLL,
     BookieInfoRequest,
@@ -207,3 +208,45 @@ async def test_a_shutdown_that_times_out_is_a_failure(tmp_path, caplog):
     assert isinstance(bookie.failure, TimeoutError)  # __main__ exits 1, not 0
     assert "shutdown took longer" in caplog.text
     await close(bookie.engine)
+
+
+async def test_an_engine_backlog_stops_the_reading_until_it_is_gone(tmp_path):
+    # A bookie filled with 256 KiB entries on a busy disk: RocksDB slowed its writes down by
+    # sleeping in the event loop, for seconds (its clients timed out, its lease lapsed). The
+    # bookie now asks the engine after every engine_pressure_check_bytes written and stops
+    # reading requests while the engine's memtables wait for their flush.
+    async with serving(tmp_path, engine_pressure_check_bytes=1000) as bookie:
+        pressure = [False]
+        asked: list[bool] = []
+
+        def write_pressure() -> bool:
+            asked.append(pressure[0])
+            return pressure[0]
+
+        bookie.engine.write_pressure = write_pressure  # type: ignore[method-assign]
+        peer = await RawPeer.connect(bookie.config.bookie_id)
+        peer.send(add(7, 0, b"a" * 600))
+        (answer,) = await peer.recv(1)
+        assert answer.status == StatusCode.OK and asked == []  # 600 bytes: not asked yet
+        pressure[0] = True
+        peer.send(add(7, 1, b"b" * 600))  # 1,200 bytes: asked, and the reading stops
+        (answer,) = await peer.recv(1)
+        assert answer.status == StatusCode.OK and asked[:1] == [True]
+        assert bookie.counters["engine_pressure_events"] == 1
+        peer.send(add(7, 2, b"c" * 600))
+        # Paused from the start: both event loops start reading after connection_made, and a
+        # pause there was lost (a connection made while the journal was full was read too).
+        late = await RawPeer.connect(bookie.config.bookie_id, hello=False)
+        late.send(HelloRequest(8, PROTOCOL_VERSION, "late"), BookieInfoRequest(9))
+        with pytest.raises(TimeoutError):
+            await peer.recv(1, timeout_s=0.3)
+        with pytest.raises(TimeoutError):
+            await late.recv(1, timeout_s=0.05)
+        assert len(asked) > 10  # polled meanwhile, every engine_pressure_poll_s
+        pressure[0] = False
+        (answer,) = await peer.recv(1, timeout_s=5)
+        hello, info = await late.recv(2, timeout_s=5)
+        assert answer.status == StatusCode.OK and hello.status == info.status == StatusCode.OK
+        assert bookie.counters["engine_pressure_ms"] >= 300
+        await peer.close()
+        await late.close()

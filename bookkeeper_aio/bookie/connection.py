@@ -110,6 +110,15 @@ class BookieConnection(FramedConnection, Peer):
             self._close_with(ErrorResponse(-1, status, "too many connections"))
             return
         self._timer = self._loop.call_later(self.config.handshake_timeout_s, self._no_hello)
+        if self._pause_reasons:  # registered while the bookie reads nothing (journal, engine)
+            # Both event loops start reading after connection_made, whatever it paused: pause
+            # again once they have (asyncio's second pause_reading alone would be a no-op).
+            self._loop.call_soon(self._pause_again)
+
+    def _pause_again(self) -> None:
+        if self._pause_reasons and self._transport is not None and not self._closing:
+            self._transport.resume_reading()
+            self._transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
         if self._closing:

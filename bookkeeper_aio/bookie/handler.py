@@ -167,6 +167,10 @@ class RequestHandler:
         self.on_new_ledger: Callable[[int], None] | None = None
         self.scrub_control: Callable[[bool], Sequence[int]] | None = None
         self.trace: AddTrace | None = None  # benchmarks only: timestamps of every add
+        # Set by the bookie: the engine's writes have run ahead of its background work
+        # (Engine.write_pressure), looked at every engine_pressure_check_bytes written.
+        self.on_engine_pressure: Callable[[], None] | None = None
+        self._unchecked_bytes = 0
         self._inline = Peer()  # the peer of a request handed in without one
         self._dispatch: dict[type, Callable[[Any, Reply, Peer], object]] = {
             AddRequest: self._add,
@@ -492,8 +496,16 @@ class RequestHandler:
         if len(stored) < len(statuses):
             self._refused(statuses)
             packed = None
-        self.engine.put_entries(lid, stored, packed)
+        self.engine.put_entries(lid, stored, packed, bool(recovery))
         self.counters["adds"] += len(stored)
+        if self.on_engine_pressure is not None:
+            self._unchecked_bytes += (
+                len(packed) if packed is not None else sum(len(r) for _, r in stored)
+            )
+            if self._unchecked_bytes >= self.config.engine_pressure_check_bytes:
+                self._unchecked_bytes = 0
+                if self.engine.write_pressure():
+                    self.on_engine_pressure()
         if state.offer_lac(LacProof(*best)):
             state.wake_waiters()
         # BP-46 without the journal: the replicas and the limbo protocol make up for a crash

@@ -68,9 +68,16 @@ class DirShard:
         self._call(self.engine.put_entry, ledger_id, entry_id, record)
 
     def put_entries(
-        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+        self,
+        ledger_id: int,
+        entries: list[tuple[int, Record]],
+        packed: bytes | None = None,
+        recovery: bool = False,
     ) -> None:
-        self._call(self.engine.put_entries, ledger_id, entries, packed)
+        self._call(self.engine.put_entries, ledger_id, entries, packed, recovery)
+
+    def write_pressure(self) -> bool:
+        return self.failed is None and self.engine.write_pressure()
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self._call(self.engine.get_entry, ledger_id, entry_id)

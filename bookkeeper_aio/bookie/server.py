@@ -12,6 +12,9 @@ loops run beside them: the checkpoint loop (sync the engine, trim the journal), 
 monitor (read-only mode when a ledger dir fills up) and, with a metadata store, the garbage
 collector (``gc.py``: deletes tombstoned ledgers, reclaims their space). When the journal's
 queue is full every connection stops reading until it drains: backpressure, not memory growth.
+So does every connection while the engine's writes are ahead of its flushes
+(``Engine.write_pressure``, looked at every ``engine_pressure_check_bytes`` written): rather
+than RocksDB's own slowdown, which sleeps in this thread.
 
 Shutdown (SIGTERM/SIGINT in ``__main__``, or :meth:`Bookie.stop`): stop accepting, stop reading,
 checkpoint (the engine holds everything), drain the journal so every pending reply goes out,
@@ -95,6 +98,7 @@ class Bookie:
         self._server: Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._journal_full = False
+        self._engine_wait: asyncio.Task[None] | None = None  # while the engine has pressure
         self._stop_task: asyncio.Task[None] | None = None
         self._exit_stack = contextlib.AsyncExitStack()
         self.metadata: MetadataStore | None = metadata
@@ -156,6 +160,7 @@ class Bookie:
         if isinstance(self._engine, LedgerDirs):
             self._engine.on_failed = self._dir_failed
         self._handler = RequestHandler(self._engine, journal, cfg, on_fatal=self._fatal)
+        self._handler.on_engine_pressure = self._engine_pressure
         if self.metadata is not None and cfg.ledger_records:
             self.records = LedgerRecords(cfg.bookie_id, self._handler, self.metadata)
             self._handler.on_new_ledger = self.records.learned  # before serving: none missed
@@ -255,6 +260,8 @@ class Bookie:
         self.counters["connections_accepted"] += 1
         if self._journal_full:
             conn.pause_reading("journal")
+        if self._engine_wait is not None:
+            conn.pause_reading("engine")
         return True
 
     def unregister(self, conn: BookieConnection) -> None:
@@ -266,6 +273,32 @@ class Bookie:
         self.counters["journal_pressure_events"] += full
         for conn in list(self.connections):
             conn.pause_reading("journal") if full else conn.resume_reading("journal")
+
+    def _engine_pressure(self) -> None:
+        """The engine's writes ran ahead of its background work (Engine.write_pressure): stop
+        reading requests until it catches up. Without this, RocksDB itself slows the writes
+        down by sleeping in this thread, and nothing else runs meanwhile: not the answers, not
+        the reads, not the lease's keepalive."""
+        if self._engine_wait is not None or self.stopped.is_set():
+            return
+        self.counters["engine_pressure_events"] += 1
+        for conn in list(self.connections):
+            conn.pause_reading("engine")
+        self._engine_wait = asyncio.create_task(self._wait_for_engine(), name="engine-pressure")
+        self._engine_wait.add_done_callback(self._loop_ended)
+
+    async def _wait_for_engine(self) -> None:
+        assert self._engine is not None
+        started = time.monotonic()
+        try:
+            # A poll: RocksDB tells of a finished flush through no event of its own.
+            while self._engine.write_pressure():  # noqa: ASYNC110
+                await asyncio.sleep(self.config.engine_pressure_poll_s)
+        finally:
+            self.counters["engine_pressure_ms"] += round((time.monotonic() - started) * 1000)
+            self._engine_wait = None
+            for conn in list(self.connections):
+                conn.resume_reading("engine")
 
     # --- background loops -----------------------------------------------------------------
 
@@ -439,11 +472,11 @@ class Bookie:
         for conn in list(self.connections):
             conn.pause_reading("shutdown")
         current = asyncio.current_task()
-        for task in self._tasks:
-            if task is not current:
-                task.cancel()
+        tasks = [t for t in (*self._tasks, self._engine_wait) if t is not None and t is not current]
+        for task in tasks:
+            task.cancel()
         # A loop's own failure was reported when it ended (_loop_ended); these are cancellations.
-        await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         try:
             async with asyncio.timeout(self.config.shutdown_timeout_s):
                 await self._shutdown_storage()

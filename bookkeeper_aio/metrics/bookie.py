@@ -128,6 +128,16 @@ class BookieCollector:
             bookie.counters["journal_pressure_events"],
         )
         yield counter(
+            P + "engine_pressure_events",
+            "Times the engine's writes ran ahead of its flushes (then stop reading requests)",
+            bookie.counters["engine_pressure_events"],
+        )
+        yield counter(
+            P + "engine_pressure_seconds",
+            "Time spent not reading requests while the engine caught up",
+            bookie.counters["engine_pressure_ms"] / 1000,
+        )
+        yield counter(
             P + "checkpoints",
             "Checkpoints (engine synced, journal trimmed)",
             bookie.counters["checkpoints"],

@@ -262,10 +262,17 @@ class FaultyEngine:
         self.inner.put_entry(ledger_id, entry_id, record)
 
     def put_entries(
-        self, ledger_id: int, entries: list[tuple[int, Record]], packed: bytes | None = None
+        self,
+        ledger_id: int,
+        entries: list[tuple[int, Record]],
+        packed: bytes | None = None,
+        recovery: bool = False,
     ) -> None:
         for entry_id, record in entries:  # one fault draw per entry, as separate puts made
             self.put_entry(ledger_id, entry_id, record)
+
+    def write_pressure(self) -> bool:
+        return self.inner.write_pressure()  # no fault draw: the seed's draws stay the same
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         self._maybe_fail("get_entry")
