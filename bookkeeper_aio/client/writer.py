@@ -160,6 +160,10 @@ class LedgerWriter:
         self._lac_task = self._loop.create_task(self._explicit_lac_loop())
         # BP-31: acknowledged entries a bookie of their write set failed to store.
         self._short = ShortCopies(ctx.metadata, self.ledger_id, "write failed after ack quorum")
+        # (entry id, index) -> (add, bookie): copies a bookie refused as overloaded, until it
+        # stores them (_retry_later). An add may reach AQ on the others meanwhile; its copy
+        # here is still owed, and marked short if it is never made (close, replacement).
+        self._overloaded: dict[tuple[int, int], tuple[PendingAdd, str]] = {}
 
     # --- public API -----------------------------------------------------------------------
 
@@ -342,6 +346,10 @@ class LedgerWriter:
         self._fail_pending(LedgerClosedError(f"ledger {self.ledger_id} closed"))
         await self._close_metadata()
         self._move(WriterState.CLOSED)
+        for (entry_id, _), (op, bookie) in self._overloaded.items():
+            if self._pipe.is_short_copy(op):  # acknowledged, its copy there still owed
+                self._short.add(bookie, entry_id)
+        self._overloaded.clear()
         if self.ctx.config.mark_short_copies:
             await self._short.report()
 
@@ -529,6 +537,9 @@ class LedgerWriter:
             and len(result.statuses) == len(ops)
             and self._ensemble[index] == bookie
         ):  # the common case: what _on_add does for each OK, completing once
+            if self._overloaded:
+                for op in ops:
+                    self._overloaded.pop((op.entry_id, index), None)
             if self._pipe.acked(ops, index):
                 self._complete()
         elif type(result) is AddBatchResponse and len(result.statuses) == len(ops):
@@ -548,6 +559,8 @@ class LedgerWriter:
         if self._ensemble[index] != bookie:
             return  # an answer from a bookie that was replaced
         if ok:
+            if self._overloaded:
+                self._overloaded.pop((op.entry_id, index), None)
             if self._pipe.ack(op, index):
                 self._complete()
             return
@@ -569,6 +582,7 @@ class LedgerWriter:
             log.info("ledger %d: bookie %s still overloaded after %d retries", self.ledger_id,
                      bookie, op.overloads - 1)  # fmt: skip
             op.overloads = 0
+            self._overloaded.pop((op.entry_id, index), None)  # short (above) if acknowledged
             self._bookie_failed(op, index, bookie)
         elif status == StatusCode.FENCED:
             self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recoverer"))
@@ -586,13 +600,28 @@ class LedgerWriter:
         delay = self._overload_retry.delay_s(attempt, self.ctx.rng)
         if delay is None:
             return False
+        self._overloaded[(op.entry_id, index)] = (op, bookie)
         self._loop.call_later(delay, self._retry, op, index, bookie)
         return True
 
     def _retry(self, op: PendingAdd, index: int, bookie: str) -> None:
-        if self._ensemble[index] != bookie or self._failed is not None:
+        if (
+            self._ensemble[index] != bookie
+            or self._failed is not None
+            or self.state is WriterState.CLOSED
+        ):
+            # Replaced (the entry stays in its segment, one copy short), failed, or closed
+            # (close marked what was still owed).
+            if self._overloaded.pop((op.entry_id, index), None) and self._pipe.is_short_copy(op):
+                self._short.add(bookie, op.entry_id)
             return
-        if not op.done or (self._gwq and op.entry_id > self._pipe.last_add_fully_replicated):
+        if (
+            not op.done
+            or (self._gwq and op.entry_id > self._pipe.last_add_fully_replicated)
+            or self._pipe.is_short_copy(op)
+        ):
+            # An add acknowledged meanwhile (AQ reached on the others) still owes this copy:
+            # nothing else writes it (BP-31: WQ copies), and a failure now marks it short.
             self._send(op, index)
 
     def _complete(self) -> None:
