@@ -20,6 +20,7 @@ from bookkeeper_aio.metadata.model import (
     LedgerState,
     check_transition,
     password_hash,
+    time_ordered_ledger_id,
 )
 
 ENSEMBLE = ("b1:1", "b2:2", "b3:3")
@@ -189,3 +190,15 @@ def test_guaranteed_write_quorum_is_kept_and_absent_by_default():
     )
     with pytest.raises(IncorrectParameterError):
         ledger(guaranteed_write_quorum=1)
+
+
+@given(st.integers(0, 2**45), st.integers(0, 2**45), st.integers(0, 2**32))
+def test_time_ordered_ledger_ids_are_valid_and_grow_with_the_milliseconds(a, b, seed):
+    import random
+
+    first = time_ordered_ledger_id(a, random.Random(seed))
+    second = time_ordered_ledger_id(b, random.Random(seed + 1))
+    assert 1 <= first <= MAX_LEDGER_ID and 1 <= second <= MAX_LEDGER_ID
+    epoch = 1_735_689_600_000
+    if epoch <= a < b <= epoch + (MAX_LEDGER_ID >> 22):  # 2025 to 2094: ordered
+        assert first < second

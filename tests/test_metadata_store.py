@@ -34,8 +34,9 @@ from bookkeeper_aio.metadata import (
     parse_metadata_uri,
     update_ledger,
 )
+from bookkeeper_aio.metadata.etcd import EtcdMetadataStore
 from bookkeeper_aio.metadata.memory import MemoryFaults, MemoryMetadataStore
-from bookkeeper_aio.metadata.model import MAX_LEDGER_ID
+from bookkeeper_aio.metadata.model import MAX_LEDGER_ID, time_ordered_ledger_id
 from bookkeeper_aio.metadata.store import tombstone_key
 
 ENSEMBLE = ("b1:1", "b2:2", "b3:3")
@@ -80,6 +81,20 @@ async def test_ids_are_unique_and_create_is_idempotent(uri):
         assert again == first
         read = await store.read_ledger(first.value.ledger_id)
         assert read == first and read.value.custom_metadata == {"app": b"\x00x"}
+
+
+async def test_etcd_ledger_ids_grow_with_the_clock(etcd_uri):
+    """A bookie's rocksdb engine appends a newer ledger's keys after the older ones' instead of
+    compacting them again (metadata/model.py, time_ordered_ledger_id)."""
+    async with open_metadata_store(etcd_uri, CONFIG) as store:
+        assert isinstance(store, EtcdMetadataStore)
+        now = [1_800_000_000.0]
+        store.clock = lambda: now[0]
+        ids = []
+        for _ in range(5):
+            ids.append((await store.create_ledger(make())).value.ledger_id)
+            now[0] += 0.01  # 10 ms: a float's ms never rounds back
+        assert ids == sorted(ids) and len(set(ids)) == 5
 
 
 async def test_restore_stores_a_ledger_under_its_own_id_only_if_the_id_is_free(uri):
@@ -160,7 +175,11 @@ async def test_tombstone_replaces_the_ledger_at_its_version_and_blocks_its_id(ur
 
 async def test_a_create_never_draws_a_tombstoned_id(uri):
     async with open_metadata_store(uri, CONFIG, rng=random.Random(7)) as store:
-        first = random.Random(7).randint(1, MAX_LEDGER_ID)  # the id the store draws first
+        if isinstance(store, EtcdMetadataStore):  # time-ordered ids: this clock, this rng
+            store.clock = lambda: 1_800_000_000.0
+            first = time_ordered_ledger_id(1_800_000_000_000, random.Random(7))
+        else:
+            first = random.Random(7).randint(1, MAX_LEDGER_ID)  # the id the store draws first
         stone = await store.put(tombstone_key(first), b"{}")
         created = await store.create_ledger(make("token-draw"))  # no token drawn from the rng
         assert created.value.ledger_id != first

@@ -19,6 +19,7 @@ Lease grants are retried too: a lease granted by a lost attempt has no keys and 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from functools import partial
@@ -32,7 +33,7 @@ from ..errors import MetadataUnavailableError, MetadataVersionError
 from .etcd_conn import EtcdConnection, LeaseNotFoundError, WatchCompactedError
 from .etcd_keys import EtcdKeys, prefix_end
 from .lease import Lease
-from .model import MAX_LEDGER_ID, LedgerMetadata, Versioned
+from .model import LedgerMetadata, Versioned, time_ordered_ledger_id
 from .registration import BookieInfo, BookieRegistration
 from .store import (
     bookie_info_from_json,
@@ -69,12 +70,15 @@ class EtcdMetadataStore(EtcdKeys):
         root: str,
         config: MetadataConfig,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
         **security: Any,
     ) -> None:
-        """``security``: ``tls``, ``username``, ``password`` (etcd_conn.EtcdConnection)."""
+        """``security``: ``tls``, ``username``, ``password`` (etcd_conn.EtcdConnection).
+        ``clock``: wall-clock seconds, for new ledger ids (time-ordered)."""
         self.root = root.rstrip("/")
         self.config = config
         self.rng = rng or random.Random()
+        self.clock = clock
         self.conn = EtcdConnection(tuple(endpoints), config, self.rng, **security)
         self.registrations: list[EtcdRegistration] = []
         self.leases: set[Lease] = set()
@@ -138,7 +142,7 @@ class EtcdMetadataStore(EtcdKeys):
         make, token = with_creator_token(make, self.rng)
         creator_key = self._key("creators", token)
         for _ in range(self.config.create_attempts_max):
-            ledger_id = self.rng.randint(1, MAX_LEDGER_ID)
+            ledger_id = time_ordered_ledger_id(int(self.clock() * 1000), self.rng)
             metadata = make(ledger_id)
             key, data = self._ledger_key(ledger_id), encode_ledger(metadata, self.config)
             tombstone = self._key(tombstone_key(ledger_id))
