@@ -2,15 +2,15 @@
 
 Theory of operation
 -------------------
-One RocksDB in raw mode (bytes keys, bytewise order). The ledger infos are in the column family
-``infos`` (``INFOS_CF``), the entries in the default one, in two key spaces told apart by a
-prefix byte:
+One RocksDB in raw mode (bytes keys, bytewise order), in column families:
 
-* ledger infos (``infos``): ``b"L" + >Q(ledger_id)`` -> ``LedgerInfo.to_bytes()``;
-* batches: ``b"b" + >QQQ(ledger_id, first_entry_id, last_entry_id)`` -> the entries of one
-  ``put_entries`` call packed as an add batch carries them (per entry
-  ``protocol.PACKED_ENTRY_PREFIX`` — id, record length — then the record; ids ascending);
-* entries: ``b"e" + >QQ(ledger_id, entry_id)`` -> the record.
+* ledger infos (``infos``, ``INFOS_CF``): ``b"L" + >Q(ledger_id)`` -> ``LedgerInfo.to_bytes()``;
+* batches (the default family; ``copies``, ``COPIES_CF``, for recovery adds): ``b"b" +
+  >QQQ(ledger_id, first_entry_id, last_entry_id)`` -> the entries of one ``put_entries`` call
+  packed as an add batch carries them (per entry ``protocol.PACKED_ENTRY_PREFIX`` — id, record
+  length — then the record; ids ascending);
+* entries (``singles``, ``SINGLES_CF``): ``b"e" + >QQ(ledger_id, entry_id)`` -> the record;
+* every batch key again (``batches``, ``BATCHES_CF``), its entry count as value (below).
 
 Why batches: a key costs the event loop ~0.8 µs of RocksDB work (the ``WriteBatch.put`` call and
 the memtable's skiplist insert) whatever its value's size, and a bookie takes up to ~256 entries
@@ -32,8 +32,15 @@ entries (``b"l"``, until 2026-11) every flush overlapped the SST holding the inf
 bookie's CPU at 50k adds/s); with infos before them (``b"L"`` in the same family, until
 2026-11-23) a new ledger's first flush overlapped every batch of every ledger with a smaller
 id, so each new ledger compacted older ones (docs/performance.md, seventh round). A dir with
-``b"L"`` infos in the default family has them moved on open. Entry keys, rare, sort after
-every batch: a flush that holds some overlaps older SSTs and costs one compaction.
+``b"L"`` infos in the default family has them moved on open.
+
+Why entry keys apart (since 2026-11-27): among the batches they sorted after every batch key, so
+an SST holding one spanned from its batches to it, over every batch key a later ledger would
+ever get; once such an SST sat in the last level every flush overlapped it and compacted its
+megabytes again (one re-sent add in a bookie filled with 480 MiB: 269 MiB of compaction against
+none; a bookie filled with 1 GiB then re-replicated at a third of the speed). They come from
+re-sent adds, recoveries' write-backs and journal replays, so few, but every bookie gets some.
+A dir with entry keys in the default family has them moved on open (``_move_singles``).
 
 Lookups never position on a value they do not need: RocksDB reads the whole data block a key
 lands in, and a block holding a 4 MiB entry took a lookup of an absent id next to it from ~10
@@ -153,6 +160,8 @@ def entry_key(ledger_id: int, entry_id: int) -> bytes:
 INFOS_CF = "infos"  # the column family of the ledger infos
 BATCHES_CF = "batches"  # every batch key again, its entry count as value (module docstring)
 COPIES_CF = "copies"  # the batches of recovery adds, with blob files (module docstring)
+SINGLES_CF = "singles"  # entry keys (module docstring, "Why entry keys apart")
+_MOVE_BYTES = 64 << 20  # entry keys moved to SINGLES_CF per write, opening an older dir
 _BATCHES_MARKER = b"v1"  # in BATCHES_CF: it holds every batch key (sorts after b"b...")
 
 
@@ -193,6 +202,8 @@ class RocksDBEngine:
         self._batches_cf: ColumnFamily | None = self._db.get_column_family_handle(BATCHES_CF)
         self._copies_db: Rdict | None = self._db.get_column_family(COPIES_CF)
         self._copies_cf: ColumnFamily | None = self._db.get_column_family_handle(COPIES_CF)
+        self._singles_db: Rdict | None = self._db.get_column_family(SINGLES_CF)
+        self._singles_cf: ColumnFamily | None = self._db.get_column_family_handle(SINGLES_CF)
         self._write_opt = WriteOptions()
         self._write_opt.sync = False  # the fsync is flush_wal(True) in sync(), once per group
         # A property in rocksdict 0.3.29, not a method (as its type stub says).
@@ -236,10 +247,11 @@ class RocksDBEngine:
                     f"ledger dir {self.directory} has ledger infos under the old b'l' keys "
                     "(before 2026-11); this version reads b'L' keys only",
                 )
-            _skip_scan(it, b"e", self._singles)
             return infos(it)
 
         old = self._iterate(scan)
+        self._move_singles()
+        self._iterate(lambda it: _skip_scan(it, b"e", self._singles), self._singles_db)
         current = self._iterate(infos, self._infos_db)
         assert self._batches_db is not None
         if self._batches_db.get(_BATCHES_MARKER) is None:
@@ -256,6 +268,38 @@ class RocksDBEngine:
             self.sync()
         for ledger_id, data in {**old, **current}.items():
             self._infos[ledger_id] = LedgerInfo.from_bytes(data)
+
+    def _move_singles(self) -> None:
+        """Move entry keys from the entries' family to ``SINGLES_CF`` (a dir written before
+        2026-11-27), in writes of at most ``_MOVE_BYTES`` and then one range delete, synced. A
+        crash in between leaves copies in both, and the next open moves them again."""
+
+        def chunks(it: RdictIter) -> Iterator[WriteBatch]:
+            it.seek(b"e")
+            batch, size = WriteBatch(raw_mode=True), 0
+            while it.valid() and it.key()[:1] == b"e":
+                value = it.value()
+                batch.put(it.key(), value, self._singles_cf)
+                size += len(value)
+                if size >= _MOVE_BYTES:
+                    yield batch
+                    batch, size = WriteBatch(raw_mode=True), 0
+                it.next()
+            yield batch
+
+        def move(it: RdictIter) -> bool:
+            moved = False
+            for batch in chunks(it):
+                if len(batch):
+                    self._write(batch)
+                    moved = True
+            return moved
+
+        if self._iterate(move):
+            batch = WriteBatch(raw_mode=True)
+            batch.delete_range(b"e", b"f")
+            self._write(batch)
+            self.sync()
 
     def _index_batches(self) -> None:
         """Copy every batch key to ``BATCHES_CF`` (a dir written before it existed), mark it
@@ -325,12 +369,12 @@ class RocksDBEngine:
                 self._write_staged(self._write_behind_bytes)
             self._batched.add(ledger_id)
         else:
-            pack = _ENTRY_KEY.pack
+            pack, singles = _ENTRY_KEY.pack, self._singles_cf
             with self._lock:
                 put = self._stage().put
                 for entry_id, record in entries:
                     # a view: rocksdict wants bytes
-                    put(pack(b"e", ledger_id, entry_id), bytes(record))
+                    put(pack(b"e", ledger_id, entry_id), bytes(record), singles)
                     self._staged_bytes += len(record)
                 self._write_staged(self._write_behind_bytes)
             self._singles.add(ledger_id)
@@ -350,11 +394,11 @@ class RocksDBEngine:
             return
         with self._lock:
             batch = self._stage()  # after the ledger's staged puts, so that it deletes them too
-            for space in (b"e", b"b"):
-                # 17 bytes of 0xff sort after every key of this ledger (ids up to 2**64-1).
-                start = _LEDGER_KEY.pack(space, ledger_id)
-                batch.delete_range(start, start + b"\xff" * 17)
+            # 17 bytes of 0xff sort after every key of this ledger (ids up to 2**64-1).
+            start = _LEDGER_KEY.pack(b"e", ledger_id)
+            batch.delete_range(start, start + b"\xff" * 17, self._singles_cf)
             start = _LEDGER_KEY.pack(b"b", ledger_id)
+            batch.delete_range(start, start + b"\xff" * 17)
             batch.delete_range(start, start + b"\xff" * 17, self._batches_cf)
             batch.delete_range(start, start + b"\xff" * 17, self._copies_cf)
             batch.delete(info_key(ledger_id), self._infos_cf)
@@ -395,7 +439,7 @@ class RocksDBEngine:
         ``_MEMTABLES_MAX - 1`` RocksDB slows every write down (to 16 MB/s) by sleeping in the
         writing thread, the bookie's event loop (``_open_db``)."""
         with self._lock:
-            families = (self._db, self._copies_db)
+            families = (self._db, self._copies_db, self._singles_db)
             return any(
                 family is not None
                 and (family.property_int_value("rocksdb.num-immutable-mem-table") or 0)
@@ -412,7 +456,8 @@ class RocksDBEngine:
             assert self._db is not None, "engine is closed"
             self._write_staged()
             if ledger_id in self._singles:  # an entry key is the newest copy (module doc)
-                value: bytes | None = self._db.get(entry_key(ledger_id, entry_id))
+                assert self._singles_db is not None
+                value: bytes | None = self._singles_db.get(entry_key(ledger_id, entry_id))
                 if value is not None:
                     return value
             if ledger_id not in self._batched:
@@ -451,7 +496,8 @@ class RocksDBEngine:
                 last = -1  # no entries (a new ledger): no read, which would write the staged
             else:
                 with self._lock:
-                    last = max(self._iterate(lambda it: _db_last(it, ledger_id, b"e")),
+                    last = max(self._iterate(lambda it: _db_last(it, ledger_id, b"e"),
+                                             self._singles_db),
                                self._iterate(lambda it: _db_last(it, ledger_id, b"b"),
                                              self._batches_db))  # fmt: skip
             self._last[ledger_id] = last
@@ -462,7 +508,8 @@ class RocksDBEngine:
         if max_count <= 0:
             return []
         with self._lock:
-            ids = self._iterate(lambda it: _db_ids(it, ledger_id, start, max_count))
+            ids = self._iterate(lambda it: _db_ids(it, ledger_id, start, max_count),
+                                self._singles_db)  # fmt: skip
             if ledger_id in self._batched:
                 db, copies = self._db, self._copies_db
                 assert db is not None and copies is not None, "engine is closed"
@@ -501,24 +548,27 @@ class RocksDBEngine:
         if not deleted:
             return 0
         with self._sync_lock:  # close() waits for it
-            db, batches, copies = self._db, self._batches_db, self._copies_db
-            assert db is not None and batches is not None and copies is not None, "closed"
-            before = _stored_bytes(db, batches, copies)
+            db, batches, copies, singles = (self._db, self._batches_db, self._copies_db,
+                                            self._singles_db)  # fmt: skip
+            assert db and batches and copies and singles, "engine is closed"
+            before = _stored_bytes(db, batches, copies, singles)
+            spaces = ((b"e", singles), (b"b", db), (b"b", batches), (b"b", copies))
             for ledger_id in deleted:
-                for space, family in ((b"e", db), (b"b", db), (b"b", batches), (b"b", copies)):
+                for space, family in spaces:
                     start = _LEDGER_KEY.pack(space, ledger_id)
                     family.compact_range(start, start + b"\xff" * 17)
             _collect_copies(copies, live_ratio_min)
-            return max(0, before - _stored_bytes(db, batches, copies))
+            return max(0, before - _stored_bytes(db, batches, copies, singles))
 
     # ----- durability
 
     def sync(self) -> None:
         with self._sync_lock:
             with self._lock:
-                db, infos, batches, copies = (self._db, self._infos_db, self._batches_db,
-                                              self._copies_db)  # fmt: skip
-                assert db and infos and batches and copies, "engine is closed"
+                db, infos, batches, copies, singles = (
+                    self._db, self._infos_db, self._batches_db, self._copies_db, self._singles_db
+                )  # fmt: skip
+                assert db and infos and batches and copies and singles, "engine is closed"
                 self._write_staged()
             # The durability point; both release the GIL while they write and fsync. One WAL
             # serves every column family; without it, each flushes its own memtable.
@@ -526,6 +576,7 @@ class RocksDBEngine:
                 db.flush_wal(True)
             else:
                 infos.flush(True)
+                singles.flush(True)
                 copies.flush(True)  # before the batch keys that point into it
                 batches.flush(True)
                 db.flush(True)
@@ -546,6 +597,7 @@ class RocksDBEngine:
             self._infos_db = self._infos_cf = None  # handles also hold the LOCK
             self._batches_db = self._batches_cf = None
             self._copies_db = self._copies_cf = None
+            self._singles_db = self._singles_cf = None
             self._staged, self._staged_bytes = None, 0  # close() synced them; else a failure
             if db is not None:
                 db.close()
@@ -606,7 +658,17 @@ def _open_db(directory: str, memtable_bytes: int, direct_io: bool, blob_files: b
     infos.set_write_buffer_size(1 << 20)  # infos are a few dozen bytes each
     batches = Options(raw_mode=True)
     batches.set_write_buffer_size(1 << 20)  # 25 bytes per batch
-    families = {INFOS_CF: infos, BATCHES_CF: batches, COPIES_CF: _copies_options(memtable_bytes)}
+    singles = Options(raw_mode=True)
+    singles.set_write_buffer_size(memtable_bytes)
+    singles.set_max_write_buffer_number(_MEMTABLES_MAX)
+    singles.set_compression_type(DBCompressionType.none())
+    singles.set_block_based_table_factory(table)  # the Bloom filter: absent entry keys
+    families = {
+        INFOS_CF: infos,
+        BATCHES_CF: batches,
+        COPIES_CF: _copies_options(memtable_bytes),
+        SINGLES_CF: singles,
+    }
     try:
         return Rdict(directory, opts, column_families=families)
     except Exception as e:  # rocksdict raises a bare Exception("IO error: ... lock ...")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import struct
@@ -31,7 +32,14 @@ from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
 from engines import files_compaction
 from engines.files import FilesEngine, LogCorruptError
 from engines.memory import MemoryDisk, MemoryEngine
-from engines.rocksdb import BATCHES_CF, COPIES_CF, INFOS_CF, RocksDBEngine
+from engines.rocksdb import (
+    BATCHES_CF,
+    COPIES_CF,
+    INFOS_CF,
+    SINGLES_CF,
+    RocksDBEngine,
+    entry_key,
+)
 
 # rocksdb-nowal: RocksDB without its WAL, as a bookie whose journal holds the data opens it.
 ENGINES = ["memory", "files", "rocksdb", "rocksdb-nowal"]
@@ -200,10 +208,11 @@ def test_rocksdb_keeps_a_call_of_new_ascending_entries_under_one_key(tmp_path: P
     db = Rdict(str(tmp_path), Options(raw_mode=True))
     try:
         keys = list(db.keys())
+        singles = list(db.get_column_family(SINGLES_CF).keys())
     finally:
         db.close()
-    assert len(keys) == 40 + 1  # a key per call and the re-written entry's (no ledger info)
-    assert sum(k[:1] == b"b" for k in keys) == 40 and sum(k[:1] == b"e" for k in keys) == 1
+    assert len(keys) == 40 and all(k[:1] == b"b" for k in keys)  # a key per call, no info
+    assert singles == [entry_key(9, 10)]  # the re-written entry's, in a family of its own
 
 
 @pytest.mark.parametrize("wal", [True, False])
@@ -256,7 +265,9 @@ def _default_cf_keys(path: Path) -> list[bytes]:
     db = Rdict(
         str(path),
         Options(raw_mode=True),
-        column_families={cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF, COPIES_CF)},
+        column_families={
+            cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF, COPIES_CF, SINGLES_CF)
+        },
     )
     try:
         return list(db.keys())
@@ -289,6 +300,8 @@ def test_rocksdb_keeps_ledger_infos_out_of_the_entries_ssts(tmp_path: Path, wal:
 
 
 def test_rocksdb_moves_infos_of_an_older_dir_to_their_column_family(tmp_path: Path) -> None:
+    """And its entry keys (before 2026-11-27 among the batches: one entry key in a bottom
+    SST made it span every later ledger's batches, and each flush compacted it again)."""
     from rocksdict import Options, Rdict
 
     opts = Options(raw_mode=True)
@@ -303,7 +316,31 @@ def test_rocksdb_moves_infos_of_an_older_dir_to_their_column_family(tmp_path: Pa
         assert e.get_ledger(7) == LedgerInfo(master_key=b"old", fenced=True)
         assert (e.ledgers(), e.get_entry(7, 0)) == ([7], b"record")
         e.close()
-        assert [k[:1] for k in _default_cf_keys(tmp_path)] == [b"e"]
+        assert _default_cf_keys(tmp_path) == []
+
+
+def test_rocksdb_keeps_entry_keys_out_of_the_batches_ssts(tmp_path: Path) -> None:
+    """A re-sent add, a recovery's write-back, a journal replay store entry keys: among the
+    batches, one of them in a bottom SST made it span every later ledger's batches, and every
+    flush from then on compacted it again (megabytes of payload each time)."""
+    record = os.urandom(64 << 10)
+    e = RocksDBEngine(str(tmp_path), wal=False)
+    for ledger_id in range(1, 9):
+        for step in range(16):  # 4 MiB per ledger, in 256 KiB calls, a flush every 1 MiB
+            e.put_entries(ledger_id, [(step * 4 + i, record) for i in range(4)])
+            if step % 4 == 3:
+                e.sync()
+        if ledger_id == 2:
+            e.put_entries(1, [(5, b"re-sent")])  # an entry key
+    e.close()
+    log = (tmp_path / "LOG").read_text(errors="replace")
+    compacted = sum(
+        int(n) for n in re.findall(r'"compaction_finished".*?"total_output_size": (\d+)', log)
+    )
+    assert compacted < 4 << 20, compacted  # ~0 (65 MiB with the entry key among the batches)
+    e = RocksDBEngine(str(tmp_path), wal=False)
+    assert e.get_entry(1, 5) == b"re-sent" and e.get_entry(8, 63) == record
+    e.close()
 
 
 @pytest.mark.parametrize("direct", [True, False])
@@ -464,7 +501,9 @@ def test_rocksdb_copies_batch_keys_of_an_older_dir_to_their_column_family(tmp_pa
     db = Rdict(  # as a dir written before BATCHES_CF existed
         str(tmp_path),
         Options(raw_mode=True),
-        column_families={cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF, COPIES_CF)},
+        column_families={
+            cf: Options(raw_mode=True) for cf in (INFOS_CF, BATCHES_CF, COPIES_CF, SINGLES_CF)
+        },
     )
     db.drop_column_family(BATCHES_CF)
     db.close()
