@@ -274,25 +274,19 @@ class RocksDBEngine:
         2026-11-27), in writes of at most ``_MOVE_BYTES`` and then one range delete, synced. A
         crash in between leaves copies in both, and the next open moves them again."""
 
-        def chunks(it: RdictIter) -> Iterator[WriteBatch]:
+        def move(it: RdictIter) -> bool:
             it.seek(b"e")
-            batch, size = WriteBatch(raw_mode=True), 0
+            moved, batch, size = False, WriteBatch(raw_mode=True), 0
             while it.valid() and it.key()[:1] == b"e":
                 value = it.value()
                 batch.put(it.key(), value, self._singles_cf)
-                size += len(value)
+                moved, size = True, size + len(value)
                 if size >= _MOVE_BYTES:
-                    yield batch
+                    self._write(batch)
                     batch, size = WriteBatch(raw_mode=True), 0
                 it.next()
-            yield batch
-
-        def move(it: RdictIter) -> bool:
-            moved = False
-            for batch in chunks(it):
-                if len(batch):
-                    self._write(batch)
-                    moved = True
+            if len(batch):
+                self._write(batch)
             return moved
 
         if self._iterate(move):
@@ -658,10 +652,7 @@ def _open_db(directory: str, memtable_bytes: int, direct_io: bool, blob_files: b
     infos.set_write_buffer_size(1 << 20)  # infos are a few dozen bytes each
     batches = Options(raw_mode=True)
     batches.set_write_buffer_size(1 << 20)  # 25 bytes per batch
-    singles = Options(raw_mode=True)
-    singles.set_write_buffer_size(memtable_bytes)
-    singles.set_max_write_buffer_number(_MEMTABLES_MAX)
-    singles.set_compression_type(DBCompressionType.none())
+    singles = _payload_options(memtable_bytes)
     singles.set_block_based_table_factory(table)  # the Bloom filter: absent entry keys
     families = {
         INFOS_CF: infos,
@@ -701,13 +692,20 @@ def _collect_copies(copies: Rdict, live_ratio_min: float) -> None:
         copies.set_options({"blob_garbage_collection_age_cutoff": str(_BLOB_GC_AGE_CUTOFF)})
 
 
+def _payload_options(memtable_bytes: int) -> Options:
+    """A family of entry payloads: the entries' family's memtables, no compression
+    (``_open_db``)."""
+    options = Options(raw_mode=True)
+    options.set_write_buffer_size(memtable_bytes)
+    options.set_max_write_buffer_number(_MEMTABLES_MAX)
+    options.set_compression_type(DBCompressionType.none())
+    return options
+
+
 def _copies_options(memtable_bytes: int) -> Options:
     """COPIES_CF's options: payloads in blob files, with blob garbage collection (module
     docstring, "Why copies apart")."""
-    copies = Options(raw_mode=True)
-    copies.set_write_buffer_size(memtable_bytes)
-    copies.set_max_write_buffer_number(_MEMTABLES_MAX)
-    copies.set_compression_type(DBCompressionType.none())
+    copies = _payload_options(memtable_bytes)
     copies.set_enable_blob_files(True)
     copies.set_min_blob_size(BLOB_BYTES_MIN)
     copies.set_enable_blob_gc(True)

@@ -49,6 +49,7 @@ T = TypeVar("T")
 Ensemble = tuple[str, ...]
 Segment = tuple[int, Ensemble]
 MAX_LEDGER_ID = (1 << 63) - 1  # ids are positive signed 64-bit numbers, as in BookKeeper
+FORMAT_VERSION = 1
 _ID_EPOCH_MS = 1_735_689_600_000  # 2025-01-01 UTC
 _ID_RANDOM_BITS = 22  # below the milliseconds (41 bits: until 2094)
 
@@ -57,15 +58,13 @@ def time_ordered_ledger_id(now_ms: int, rng: random.Random) -> int:
     """A new ledger id: milliseconds since 2025 above 22 random bits, so that ledgers created
     later get greater ids (BookKeeper's ids grow too), with no shared counter to contend on;
     the store's create-if-absent makes each unique. Why ordered: a bookie's rocksdb engine
-    keys entries by (ledger, entry), and a new ledger whose id falls among older ones' makes
-    every flush of its entries overlap their SSTs, whose compactions then rewrite payloads
-    again and again (a bookie filled one ledger after another compacted ~1x what it stored,
-    and re-replication from it ran at a quarter of its speed); a greater id appends."""
+    keys entries by (ledger, entry): the SSTs of ledgers written together span their ids,
+    and a later ledger whose id falls in such a span makes every flush of its entries overlap
+    them, whose compactions rewrite payloads again (the engine alone, eight rounds of four
+    ledgers written together, 320 MiB: 1,150 MiB of compaction with random ids, 485 with
+    growing ones); a greater id appends."""
     elapsed = min(max(now_ms - _ID_EPOCH_MS, 0), MAX_LEDGER_ID >> _ID_RANDOM_BITS)
     return max(1, elapsed << _ID_RANDOM_BITS | rng.getrandbits(_ID_RANDOM_BITS))
-
-
-FORMAT_VERSION = 1
 
 
 class Versioned(NamedTuple, Generic[T]):
