@@ -253,6 +253,11 @@ class BookieConfig(AutorecoverySettings):
     # again every engine_pressure_poll_s until it is gone (docs/operations.md).
     engine_pressure_check_bytes: int = 1 * MiB
     engine_pressure_poll_s: float = 0.005
+    # Reads the engine may have to fetch from the disk (Engine.can_read_now) run in this many
+    # threads, so one blocks neither the event loop nor the other reads (bookie/read_pool.py);
+    # 0: on the loop. With read_queue_max waiting or running, a further read runs on the loop.
+    read_threads: int = 4
+    read_queue_max: int = 1024
     journal_file_bytes_max: int = 256 * MiB  # roll over to a new file past this
     journal_preallocate_bytes: int = 16 * MiB  # zero-filled ahead so fdatasync skips metadata
     # Journal files opened O_DIRECT (not through the page cache) where the fs supports it.
@@ -360,6 +365,8 @@ class BookieConfig(AutorecoverySettings):
             )
         if self.journal_recycle_files < 0:
             raise ConfigError("journal_recycle_files must be >= 0")
+        if not 0 <= self.read_threads <= 64:
+            raise ConfigError(f"read_threads must be in [0, 64], got {self.read_threads}")
         if self.journal_batch_wait_ms < 0:
             raise ConfigError("journal_batch_wait_ms must be >= 0")
         if self.journal_batch_bytes_max > self.journal_queue_bytes_max:

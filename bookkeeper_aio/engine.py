@@ -15,9 +15,11 @@ Durability contract
     absent, a present write is whole.
 
 Threading contract
-    All methods are called from one thread (the bookie's event loop), except ``sync()``, which
-    the bookie may run in one worker thread at the same time as the other methods.
-    Implementations lock what they must for that.
+    All methods are called from one thread (the bookie's event loop), except ``sync()`` and
+    ``reclaim_space()``, which the bookie may run in one worker thread at the same time as the
+    other methods, and ``get_entry()`` of an entry ``can_read_now()`` said no for, which it
+    may run in several read threads at once (bookie/read_pool.py). Implementations lock what
+    they must for that.
 
 Reads see every write already made, synced or not.
 """
@@ -99,6 +101,12 @@ class Engine(Protocol):
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The record of an entry, or None if absent."""
+
+    def can_read_now(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether ``get_entry`` would answer from memory (a cached, recent or absent entry).
+        When it is False the bookie reads the entry in a read thread, so that a wait on the
+        disk stops neither its event loop nor its other reads; ``get_entry`` must then be
+        safe in several threads at once. Cheap: called on every read."""
 
     def write_pressure(self) -> bool:
         """Whether writes have run so far ahead of the engine's background work (rocksdb:

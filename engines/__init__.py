@@ -107,6 +107,10 @@ class ShardedEngine:
         shard = self._where.get(ledger_id)
         return shard.get_entry(ledger_id, entry_id) if shard else None
 
+    def can_read_now(self, ledger_id: int, entry_id: int) -> bool:
+        shard = self._where.get(ledger_id)
+        return shard.can_read_now(ledger_id, entry_id) if shard else True
+
     def last_entry_id(self, ledger_id: int) -> int:
         shard = self._where.get(ledger_id)
         return shard.last_entry_id(ledger_id) if shard else -1

@@ -329,6 +329,11 @@ class FilesEngine:
     def write_pressure(self) -> bool:
         return False  # appends go straight to the current log: no backlog of our own
 
+    def can_read_now(self, ledger_id: int, entry_id: int) -> bool:
+        # Read on the event loop (a pread, mostly from the page cache); get_entry is not made
+        # safe in several threads (its log rolls and compactions swap fds under it).
+        return True
+
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         ledger = self._ledgers.get(ledger_id)
         found = self._read_record(ledger, entry_id) if ledger is not None else None

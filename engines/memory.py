@@ -74,6 +74,9 @@ class MemoryEngine:
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self._entries.get(ledger_id, {}).get(entry_id)
 
+    def can_read_now(self, ledger_id: int, entry_id: int) -> bool:
+        return True  # everything is in memory
+
     def write_pressure(self) -> bool:
         return False
 

@@ -104,7 +104,6 @@ from ..protocol import (
     as_part,
     check_add_entries,
     multi_add_parts,
-    pack_read_entry,
 )
 from .journal import (
     REC_ENTRIES,
@@ -117,6 +116,7 @@ from .journal import (
 )
 from .ledger_state import LedgerState, LedgerView, pack_proof
 from .long_poll import LongPoll, Peer
+from .read_pool import BatchRead, ReadPool
 from .records import LEDGER_KEY, entries_record, entry_body, ledger_body, limbo_body
 from .trace import AddTrace, TracedReply
 
@@ -171,6 +171,7 @@ class RequestHandler:
         # (Engine.write_pressure), looked at every engine_pressure_check_bytes written.
         self.on_engine_pressure: Callable[[], None] | None = None
         self._unchecked_bytes = 0
+        self.reads = ReadPool(config.read_threads, config.read_queue_max)
         self._inline = Peer()  # the peer of a request handed in without one
         self._dispatch: dict[type, Callable[[Any, Reply, Peer], object]] = {
             AddRequest: self._add,
@@ -212,12 +213,14 @@ class RequestHandler:
             self._on_fatal(exc)
 
     def statistics(self) -> dict[str, int | bool]:
-        """Counters, cached ledgers, parked long polls, read-only state."""
+        """Counters, cached ledgers, parked long polls, read-only state, the read threads'
+        figures."""
         return {
             **self.counters,
             "ledgers_cached": len(self._ledgers),
             "long_polls_parked": self.parked,
             "read_only": self.read_only,
+            **self.reads.statistics(),
         }
 
     # --- ledger state ---------------------------------------------------------------------
@@ -567,11 +570,18 @@ class RequestHandler:
         elif req.flags & READ_FLAG_LONG_POLL:
             self._long_poll(req, reply, peer)
         else:
-            started = self._clock()
-            self._read_entry(req, reply)
-            self.read_latency.observe(self._clock() - started)
+            self._read_entry(req, reply, started=self._clock())
 
-    def _read_entry(self, req: ReadRequest, reply: Reply, *, missing_ok: bool = False) -> None:
+    def _read_entry(
+        self,
+        req: ReadRequest,
+        reply: Reply,
+        *,
+        missing_ok: bool = False,
+        started: float | None = None,
+    ) -> None:
+        """Answer a read of one entry, now or from a read thread (read_pool.py); ``started``:
+        when a plain read arrived (its latency is observed once answered)."""
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
         state = self.ledger(lid)
         if state is None:
@@ -580,25 +590,35 @@ class RequestHandler:
         if req.master_key is not None and not self._key_ok(state, req.master_key):
             reply(ReadResponse(rid, StatusCode.UNAUTHORIZED, lid, eid, None, None, None, None))
             return
-        try:  # also runs from callbacks (fence durable, long-poll wake-up): catch here
-            record = self.engine.get_entry(lid, eid)
-            entry = unpack_entry_record(record) if record is not None else None
-        except Exception as exc:
-            self.counters["io_errors"] += 1
-            log.error("error reading entry %d of ledger %d: %r", eid, lid, exc)
-            reply(ReadResponse(rid, StatusCode.IO_ERROR, lid, eid, None, None, None, None))
-            return
-        if entry is None:
-            if missing_ok:
-                status = OK
-            elif state.view is LedgerView.LIMBO:
-                status = StatusCode.UNKNOWN  # BP-46: the entry may have existed
+
+        def answer(record: bytes | None, exc: Exception | None) -> None:
+            try:
+                entry = unpack_entry_record(record) if record is not None else None
+            except Exception as bad:
+                exc = bad
+            if exc is not None:
+                self.counters["io_errors"] += 1
+                log.error("error reading entry %d of ledger %d: %r", eid, lid, exc)
+                reply(ReadResponse(rid, StatusCode.IO_ERROR, lid, eid, None, None, None, None))
+            elif entry is None:
+                if missing_ok:
+                    status = OK
+                elif state.view is LedgerView.LIMBO:
+                    status = StatusCode.UNKNOWN  # BP-46: the entry may have existed
+                else:
+                    status = StatusCode.NO_SUCH_ENTRY
+                reply(ReadResponse(rid, status, lid, eid, None, None, None, state.lac_proof))
             else:
-                status = StatusCode.NO_SUCH_ENTRY
-            reply(ReadResponse(rid, status, lid, eid, None, None, None, state.lac_proof))
-            return
-        lac, _pdigest, digest, payload = entry
-        reply(ReadResponse(rid, OK, lid, eid, lac, payload, digest, state.lac_proof))
+                lac, _pdigest, digest, payload = entry
+                reply(ReadResponse(rid, OK, lid, eid, lac, payload, digest, state.lac_proof))
+            if started is not None:
+                self.read_latency.observe(self._clock() - started)
+
+        # (also runs from callbacks — fence durable, long-poll wake-up — so it answers
+        # whatever the engine does)
+        engine = self.engine
+        ready = partial(engine.can_read_now, lid, eid)
+        self.reads.read(lid, ready, partial(engine.get_entry, lid, eid), answer)
 
     def _read_batch(self, req: ReadBatchRequest, reply: Reply, peer: Peer) -> None:
         """Consecutive entries in one answer, as ReadRequests would find them one by one
@@ -635,26 +655,28 @@ class RequestHandler:
         # (ids stay int64: a request may name the last one)
         count = min(req.max_count, self.config.request_entries_max, INT64_MAX - first + 1)
         budget = min(req.max_bytes, self.config.frame_bytes_max // 2)
-        parts: list[bytes | memoryview] = []
-        size, end = 0, OK
-        for entry_id in range(first, first + count):
-            try:  # also runs from the fence's callback: answer whatever happens
-                record = self.engine.get_entry(lid, entry_id)
-            except Exception as exc:
+        gathered = BatchRead(self.engine, lid, first, first + count, budget)
+
+        def answer(_: object, exc: Exception | None) -> None:
+            if exc is not None and gathered.error is None:  # (gather catches the engine's)
+                gathered.error = exc
+            end = OK
+            if gathered.error is not None:
                 self.counters["io_errors"] += 1
-                log.error("error reading entry %d of ledger %d: %r", entry_id, lid, exc)
+                log.error("error reading entry %d of ledger %d: %r", gathered.next_id, lid,
+                          gathered.error)  # fmt: skip
                 end = StatusCode.IO_ERROR
-                break
-            if record is None:  # as _read_entry: in limbo BP-46's entry may have existed
+            elif gathered.missing:  # as _read_entry: in limbo BP-46's entry may have existed
                 limbo = state.view is LedgerView.LIMBO
                 end = StatusCode.UNKNOWN if limbo else StatusCode.NO_SUCH_ENTRY
-                break
-            if parts and size + len(record) > budget:
-                break
-            parts += pack_read_entry(entry_id, record)
-            size += len(record)
-        self.counters["reads"] += len(parts) // 2
-        reply(ReadBatchResponse(rid, OK, lid, first, b"".join(parts), end, state.lac_proof))
+            self.counters["reads"] += len(gathered.parts) // 2
+            reply(ReadBatchResponse(rid, OK, lid, first, b"".join(gathered.parts), end,
+                                    state.lac_proof))  # fmt: skip
+
+        # what the engine has in memory on the loop; from the first entry that may wait on
+        # the disk, the rest in a read thread
+        ready = partial(gathered.gather, now_only=True)
+        self.reads.read(lid, ready, partial(gathered.gather, now_only=False), answer)
 
     def _long_poll(self, req: ReadRequest, reply: Reply, peer: Peer) -> None:
         """Answer once the LAC passes ``previous_lac``, the ledger is fenced, or time is up

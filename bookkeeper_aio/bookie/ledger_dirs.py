@@ -82,6 +82,10 @@ class DirShard:
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self._call(self.engine.get_entry, ledger_id, entry_id)
 
+    def can_read_now(self, ledger_id: int, entry_id: int) -> bool:
+        # out of service: get_entry raises at once; the injected fault too, in any thread
+        return self.failed is not None or self.engine.can_read_now(ledger_id, entry_id)
+
     def last_entry_id(self, ledger_id: int) -> int:
         return self._call(self.engine.last_entry_id, ledger_id)
 
@@ -163,10 +167,15 @@ class LedgerDirs(ShardedEngine):
         return shard
 
     def _failed(self, shard: DirShard) -> None:
-        ledgers = [lid for lid, s in sorted(self._where.items()) if s is shard]
+        # maybe from a worker thread (the checkpoint's, a read's): the ledgers are looked up
+        # on the loop, which alone changes the map
+        self._loop.call_soon_threadsafe(self._report, shard)
+
+    def _report(self, shard: DirShard) -> None:
         callback = self.on_failed
-        if callback is not None:  # maybe from the checkpoint's worker thread
-            self._loop.call_soon_threadsafe(callback, shard.directory, ledgers, self.good)
+        if callback is not None:
+            ledgers = [lid for lid, s in sorted(self._where.items()) if s is shard]
+            callback(shard.directory, ledgers, self.good)
 
     def statistics(self) -> dict[str, Any]:
         return {

@@ -57,6 +57,17 @@ class BookieCollector:
         yield gauge(
             P + "long_poll_parked_max", "Limit: long polls parked", cfg.long_poll_parked_max
         )
+        reads = handler.reads
+        yield gauge(P + "reads_queued", "Reads waiting for or running in a read thread",
+                    reads.queued)  # fmt: skip
+        yield gauge(P + "read_queue_max", "Limit: reads queued for the threads", cfg.read_queue_max)
+        yield counter(P + "reads_threaded", "Reads run in a read thread (may wait on the disk)",
+                      reads.threaded)  # fmt: skip
+        yield counter(
+            P + "reads_inline",
+            "Reads that may wait on the disk run on the event loop (no threads, or queue full)",
+            reads.inline,
+        )
         yield from self._disks()
         stats: dict[str, Any] = bookie.statistics()
         for key in ("gc", "compaction"):  # garbage collection's own statistics, if it keeps any

@@ -278,6 +278,9 @@ class FaultyEngine:
         self._maybe_fail("get_entry")
         return self.inner.get_entry(ledger_id, entry_id)
 
+    def can_read_now(self, ledger_id: int, entry_id: int) -> bool:
+        return self.inner.can_read_now(ledger_id, entry_id)
+
     def last_entry_id(self, ledger_id: int) -> int:
         self._check_dead("last_entry_id")
         return self.inner.last_entry_id(ledger_id)
