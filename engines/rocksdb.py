@@ -510,9 +510,9 @@ class RocksDBEngine:
             assert family is not None
             deletions = self._deletions
             self._reading += 1
-            # Still in a memtable (as can_read_now saw it): a plain get, GIL held for
-            # microseconds. Releasing it made the event loop wait to take it back (the journal's
-            # thread holding it meanwhile): tailing reads' p50 ~4 -> ~5.5 ms.
+            # Still in a memtable (as can_read_now saw it): a plain get, the GIL held for
+            # microseconds; released, the event loop (which reads these) would have to take
+            # it back from whichever thread took it meanwhile (the journal's, a reader's).
             in_memory = self._recent_from.get(ledger_id, _ID_MAX) <= first
         key = _BATCH_KEY.pack(b"b", ledger_id, first, last)
         try:
