@@ -552,6 +552,9 @@ class RocksDBEngine:
     def _remember(self, ledger_id: int, first: int, batch: _Batch) -> None:
         """Cache a batch just read, within the cache's bounds (``_lock`` held)."""
         if len(batch.value) <= self._parsed_bytes_max:
+            old = self._parsed.pop((ledger_id, first), None)  # two threads read it at once
+            if old is not None:
+                self._parsed_bytes -= len(old.value)
             self._parsed[(ledger_id, first)] = batch
             self._parsed_bytes += len(batch.value)
             while (

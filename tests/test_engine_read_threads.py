@@ -124,3 +124,22 @@ def test_reads_in_threads_see_every_write_while_the_loop_writes_and_deletes(
         for t in threads:
             t.join(10)
     assert not failures, failures[:5]
+
+
+def test_a_batch_read_by_two_threads_at_once_is_cached_once(tmp_path: Path) -> None:
+    engine = RocksDBEngine(str(tmp_path), memtable_bytes=MiB, batch_cache_bytes=MiB)
+    try:
+        for ledger_id in range(1, 9):  # 2 MiB: ledger 1 out of the memtables
+            write(engine, ledger_id, 0, 64)
+        assert not engine.can_read_now(1, 0)
+        for _ in range(8):  # as if eight threads had read the batch before any cached it
+            engine._remember(1, 0, engine._parsed.get((1, 0)) or _read(engine))
+        assert engine._parsed_bytes == 64 * (4096 + PACKED_ENTRY_PREFIX.size)
+        assert engine.can_read_now(1, 0)
+    finally:
+        engine.close()
+
+
+def _read(engine: RocksDBEngine) -> object:
+    assert engine.get_entry(1, 0) == record(1, 0)
+    return engine._parsed[(1, 0)]

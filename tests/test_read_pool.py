@@ -7,7 +7,7 @@ import asyncio
 import threading
 from functools import partial
 
-from bookkeeper_aio.bookie.read_pool import ReadPool
+from bookkeeper_aio.bookie.read_pool import LEDGER_THREADS_MAX, ReadPool
 from bookkeeper_aio.errors import StatusCode
 from bookkeeper_aio.protocol import ReadBatchRequest, unpack_read_entries
 from engines.memory import MemoryEngine
@@ -18,8 +18,8 @@ WAIT_S = 10.0
 
 class ColdEngine(MemoryEngine):
     """A memory engine whose entries in ``cold`` 'are on the disk': not readable now, and a
-    read of one waits for ``disk`` (its thread's name is noted), then brings its 'batch' of
-    four (ids // 4 alike) into memory."""
+    read of one waits for ``disk`` (its thread's name is noted), then brings its 'batch'
+    (ids // ``batch`` alike) into memory."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -27,6 +27,7 @@ class ColdEngine(MemoryEngine):
         self.disk = threading.Event()
         self.fail: OSError | None = None
         self.threads: dict[int, str] = {}
+        self.batch = 4
 
     def can_read_now(self, ledger_id: int, entry_id: int) -> bool:
         return entry_id not in self.cold
@@ -37,7 +38,7 @@ class ColdEngine(MemoryEngine):
             assert self.disk.wait(WAIT_S), "the test never let the disk answer"
             if self.fail is not None:
                 raise self.fail
-            self.cold -= {i for i in self.cold if i // 4 == entry_id // 4}
+            self.cold -= {i for i in self.cold if i // self.batch == entry_id // self.batch}
         return super().get_entry(ledger_id, entry_id)
 
 
@@ -104,20 +105,20 @@ async def test_a_batch_read_gathers_what_is_in_memory_then_the_rest_in_a_thread(
     h.handler.reads.close()
 
 
-async def test_reads_of_a_batch_on_the_disk_wait_for_the_first_then_run_on_the_loop() -> None:
+async def test_reads_of_a_ledger_on_the_disk_take_four_threads_at_most() -> None:
     h, engine = harness()
-    engine.cold = {0, 1, 2, 3, 4, 5}
+    engine.cold, engine.batch = set(range(10)), 10
     before = len(h.replies)
-    assert h.read(1) is None and h.read(2) is None and h.read(5) is None
-    assert h.read(8).payload == b"entry 8"  # in memory: answered at once all the same
+    for i in range(10):
+        assert h.read(i) is None
+    assert h.handler.reads.queued == LEDGER_THREADS_MAX  # the other six wait for them
     engine.disk.set()
-    await answered(h, before + 4)
-    assert [r.entry_id for r in h.replies[-3:]] == [1, 2, 5]
-    assert [r.payload for r in h.replies[-3:]] == [b"entry 1", b"entry 2", b"entry 5"]
-    # 1 brought 0-3 into memory: 2 waited for it, then ran on the loop; 5 had a thread next
-    where = engine.threads
-    assert where[2] == "MainThread" and where[1] != "MainThread" != where[5]
-    assert h.handler.statistics()["reads_threaded"] == 2
+    await answered(h, before + 10)
+    got = sorted((r.entry_id, r.payload) for r in h.replies[-10:])
+    assert got == [(i, b"entry %d" % i) for i in range(10)]
+    # the first of 0-3 to end brought the 'batch' in: 4-9 waited, then ran on the loop
+    on_loop = [i for i in range(10) if engine.threads[i] == "MainThread"]
+    assert on_loop == [4, 5, 6, 7, 8, 9] and h.handler.statistics()["reads_threaded"] == 4
     h.handler.reads.close()
 
 
@@ -203,5 +204,5 @@ async def test_reads_waiting_for_their_ledger_are_looked_at_once_per_read_finish
         await finished.wait()
     assert sorted(answered_ids) == list(range(count))
     assert looks[0] <= 3 * count
-    assert pool.threaded == count // 4
+    assert pool.threaded <= count // 4 * LEDGER_THREADS_MAX
     pool.close()

@@ -38,6 +38,19 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 Then = Callable[[_T | None, Exception | None], None]
 
+# Reads of one ledger in threads at once (ReadPool.read).
+LEDGER_THREADS_MAX = 4
+
+
+class _Busy:
+    """A ledger's reads in threads, and those waiting for one of them to end."""
+
+    __slots__ = ("running", "waiting")
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting: deque[Callable[[], None]] = deque()
+
 
 class ReadPool:
     """Runs a read in a worker thread and its continuation on the event loop."""
@@ -47,8 +60,8 @@ class ReadPool:
         self._queue_max = queue_max
         self._executor: ThreadPoolExecutor | None = None  # started by the first read
         self.queued = 0  # waiting for a thread or running in one
-        # Ledgers with a read in a thread: the reads of each that wait for it (read()).
-        self._busy: dict[int, deque[Callable[[], None]]] = {}
+        # Ledgers with reads in threads: how many, and the reads of each waiting (read()).
+        self._busy: dict[int, _Busy] = {}
         self.threaded = 0  # reads run in a thread, in all
         self.inline = 0  # reads that could have waited on the disk but ran on the loop
 
@@ -56,14 +69,14 @@ class ReadPool:
         self, ledger_id: int, ready: Callable[[], bool], read: Callable[[], _T], then: Then[_T]
     ) -> None:
         """A read of ``ledger_id``: ``read()`` on the loop if ``ready()`` (the engine has what
-        it needs in memory), else in a thread (:meth:`run`) — one at a time per ledger. A read
-        that is not ready while another of its ledger is in a thread waits for that one: the
-        reads of a batch arrive together, and the first one's brings the batch into memory
-        for the others (each in a thread of its own halved a sequential reader's entries/s).
-        The waiting reads then start over in order until one is not ready: that one goes to a
-        thread, and the rest wait for it in turn (each waiting read is looked at once per
-        read finished, not once per read of its ledger finished: 10,000 in flight went
-        quadratic)."""
+        it needs in memory), else in a thread (:meth:`run`) — at most
+        :data:`LEDGER_THREADS_MAX` of a ledger at a time. A read that is not ready while
+        those are in threads waits for one of them: the reads of a batch arrive together, and
+        the first ones bring the batch into memory for the others (each in a thread of its own
+        halved a sequential reader's entries/s; one at a time per ledger slowed the copies of
+        256 KiB entries, four to a batch). Once one ends, the waiting reads start over in
+        order until one goes to a thread again: each is looked at once per start, not once
+        per read of its ledger finished (10,000 in flight went quadratic)."""
         try:
             now = ready()
         except Exception as exc:
@@ -72,31 +85,31 @@ class ReadPool:
         if now:
             _call(read, then)
             return
-        waiting = self._busy.get(ledger_id)
-        if waiting is not None:
-            waiting.append(lambda: self.read(ledger_id, ready, read, then))
+        busy = self._busy.get(ledger_id)
+        if busy is None:
+            busy = self._busy[ledger_id] = _Busy()
+        elif busy.running >= LEDGER_THREADS_MAX:
+            busy.waiting.append(lambda: self.read(ledger_id, ready, read, then))
             return
-        self._busy[ledger_id] = deque()
+        busy.running += 1
 
         def done(result: _T | None, exc: Exception | None) -> None:
-            waiting = self._busy.pop(ledger_id)
+            busy.running -= 1
             try:
                 then(result, exc)
             finally:
-                self._resume(ledger_id, waiting)
+                self._resume(ledger_id, busy)
 
         self.run(read, done)
 
-    def _resume(self, ledger_id: int, waiting: deque[Callable[[], None]]) -> None:
-        """Start the reads that waited for one of ``ledger_id`` again, in order, until one goes
-        to a thread: the others then wait for it (ahead of any that came meanwhile)."""
-        while waiting:
+    def _resume(self, ledger_id: int, busy: _Busy) -> None:
+        """Start the reads that waited for ``ledger_id`` again, in order, while fewer than
+        LEDGER_THREADS_MAX of it are in threads; forget the ledger once none is."""
+        waiting = busy.waiting
+        while waiting and busy.running < LEDGER_THREADS_MAX:
             waiting.popleft()()
-            busy = self._busy.get(ledger_id)
-            if busy is not None:
-                waiting.extend(busy)
-                self._busy[ledger_id] = waiting
-                return
+        if not busy.running and not waiting and self._busy.get(ledger_id) is busy:
+            del self._busy[ledger_id]
 
     def run(self, read: Callable[[], _T], then: Then[_T]) -> None:
         """Call ``read()`` in a worker thread, then ``then(result, None)`` — or ``then(None,
