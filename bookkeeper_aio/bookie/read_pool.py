@@ -11,6 +11,10 @@ with its loop blocked on each 1 MiB read in turn (py-spy: 41 % of one source boo
 time in the engine's read of a batch), answering nothing else meanwhile and reading from its
 disk one request at a time.
 
+Per ledger at most ``LEDGER_THREADS_MAX`` reads are in threads; the ledger's other reads that
+are not in memory wait for one of them to end, and mostly find the batch it brought in
+(:meth:`ReadPool.read`).
+
 Bounds: at most ``read_queue_max`` reads wait for or run in the threads; past it a read runs on
 the loop, which then reads no requests while it waits: the reads' own backpressure, the
 behaviour of ``read_threads = 0``. Each read is also a request in flight on its connection
@@ -24,7 +28,6 @@ The simulator's engines always answer from memory, so nothing there reaches a th
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,8 +35,6 @@ from typing import TypeVar
 
 from ..engine import Engine
 from ..protocol import pack_read_entry
-
-log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 Then = Callable[[_T | None, Exception | None], None]
