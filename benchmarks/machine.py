@@ -48,6 +48,46 @@ def probe_loop(interval_s: float = PROBE_INTERVAL_S) -> None:
         time.sleep(interval_s)
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system, all threads) the processes have used so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class CpuPerEntry:
+    """CPU time per entry of a measured phase: the bookie processes' together (``pids``;
+    none: a cluster not started by the benchmark, not measured) and the client's, the
+    benchmark's own process. Read where throughput is bound by the CPU (this machine's two
+    vCPUs hold every process): the per-entry cost is then what a change moves, while the
+    rate also moves with whatever else the machine runs."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.bookie_s = self.client_s = 0.0
+
+    def __enter__(self) -> CpuPerEntry:
+        self._bookie0 = cpu_seconds(self.pids)
+        self._client0 = time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bookie_s = cpu_seconds(self.pids) - self._bookie0
+        self.client_s = time.process_time() - self._client0
+
+    def summary(self, entries: int) -> dict[str, float]:
+        """``bookie_cpu_us_per_entry`` (all bookies) and ``client_cpu_us_per_entry``."""
+        if not entries:
+            return {}
+        out = {"client_cpu_us_per_entry": self.client_s / entries * 1e6}
+        if self.pids:
+            out["bookie_cpu_us_per_entry"] = self.bookie_s / entries * 1e6
+        return out
+
+
 class Probe:
     """The samples (CPU ms per workload run) of one :func:`cpu_probe`."""
 

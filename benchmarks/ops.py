@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ from bookkeeper_aio.tls_certs import make_test_pki
 
 from .cluster import local_cluster
 from .load import LoadResult, closed_loop, drive, payload_pool
+from .machine import cpu_seconds
 from .options import add_client_arguments, client_config
 from .stats import print_table, write_json
 from .writes import close_and_delete, open_writers, round_robin_callbacks
@@ -101,16 +101,6 @@ def _cpu_per_entry(r: dict[str, Any]) -> float:
     return r["bookie_cpu_us_per_entry"] + r["client_cpu_us_per_entry"] or float("nan")
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system) the processes used so far."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 async def _phases(
     configs: dict[str, Any], args: argparse.Namespace, http: list[str], registry: Any
 ) -> dict[str, Any]:
@@ -134,11 +124,11 @@ async def _phases(
             for v in VARIANTS:
                 pids = [b.proc.pid for b in configs[v][3].bookies]
                 scraping = scraper.running() if v == "metrics" else contextlib.nullcontext()
-                bookie_cpu, client_cpu = _cpu_s(pids), time.process_time()
+                bookie_cpu, client_cpu = cpu_seconds(pids), time.process_time()
                 async with scraping:
                     load = await drive(sends[v], args.outstanding, phase_s, callbacks=True)
                 total, cpu = results[v]
-                cpu[0] += _cpu_s(pids) - bookie_cpu
+                cpu[0] += cpu_seconds(pids) - bookie_cpu
                 cpu[1] += time.process_time() - client_cpu
                 _add(total, load)
         for bk, writers in handles:

@@ -86,7 +86,10 @@ async def measure_scale(args: argparse.Namespace) -> dict[str, Any]:
             }
             for ledgers in args.ledger_counts:
                 for bookies, cluster in clusters.items():
-                    result = await writes.measure_writes(cluster.uri, writes_args(args, ledgers))
+                    pids = [b.proc.pid for b in cluster.bookies if b.proc]
+                    result = await writes.measure_writes(
+                        cluster.uri, writes_args(args, ledgers), pids
+                    )
                     points[f"b{bookies}_l{ledgers}"] = {**result, "bookies": bookies}
     points = {f"b{b}_l{n}": points[f"b{b}_l{n}"] for b in args.bookie_counts
               for n in args.ledger_counts}  # fmt: skip
@@ -105,6 +108,8 @@ async def run_scale(args: argparse.Namespace, *, quiet: bool = False) -> dict[st
             "bookies": p["bookies"], "ledgers": p["ledgers"], "entries/s": p["entries_per_s"],
             "p50_ms": p["p50_ms"], "p99_ms": p["p99_ms"], "p99.9_ms": p["p99_9_ms"],
             "x rate": p["ratio_vs_first"], "x p99": p["ratio_p99_vs_first"],
+            "bookies us/entry": p.get("bookie_cpu_us_per_entry"),
+            "client us/entry": p.get("client_cpu_us_per_entry"),
             "errors": p["errors"],
         } for p in result["points"].values()]  # fmt: skip
         title = (

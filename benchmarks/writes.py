@@ -105,8 +105,11 @@ def round_robin_callbacks(writers: list[LedgerWriter], payloads: Sequence[bytes]
     return lambda done: next(turn).append_callback(next(payload), done)
 
 
-async def measure_writes(uri: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Warm up, then the measured load; return its summary (no peers)."""
+async def measure_writes(
+    uri: str, args: argparse.Namespace, bookie_pids: list[int] | None = None
+) -> dict[str, Any]:
+    """Warm up, then the measured load; return its summary (no peers). ``bookie_pids``: the
+    cluster's bookie processes, for their CPU time per entry (machine.CpuPerEntry)."""
     payloads = payload_pool(args.entry_size)
     async with BookKeeper.connect(uri, client_config(args.outstanding, args.entry_size)) as bk:
         writers = await open_writers(bk, args)
@@ -115,7 +118,7 @@ async def measure_writes(uri: str, args: argparse.Namespace) -> dict[str, Any]:
             await closed_loop(send, args.outstanding, args.warmup, callbacks=True)
         with frozen_gc(getattr(args, "gc_freeze", True)):
             async with machine.cpu_probe() as probe:
-                with GcPauses() as gc_pauses:
+                with GcPauses() as gc_pauses, machine.CpuPerEntry(bookie_pids or []) as cpu:
                     load: LoadResult = await drive(
                         send, args.outstanding, args.duration, args.rate, callbacks=True
                     )
@@ -127,6 +130,7 @@ async def measure_writes(uri: str, args: argparse.Namespace) -> dict[str, Any]:
         **describe(args),
         **load.summary(args.entry_size),
         **gc_pauses.summary(),
+        **cpu.summary(load.entries),
         "gc_freeze": getattr(args, "gc_freeze", True),
         "cpu_probe_ms": machine.cpu_probe_ms(probe),
     }
@@ -153,7 +157,7 @@ async def run_writes(args: argparse.Namespace, *, quiet: bool = False) -> dict[s
 
         return await run_gwq(args, quiet=quiet)
     async with mode_target(args) as tgt:
-        result = await measure_writes(tgt.uri, args)
+        result = await measure_writes(tgt.uri, args, [b.proc.pid for b in tgt.bookies if b.proc])
         if args.peers:
             result.update(await measure_peers(tgt.scratch, args, [args.outstanding]))
     result.update(ratios(result))
@@ -194,6 +198,10 @@ def print_writes(result: dict[str, Any], args: argparse.Namespace) -> None:
     for key in ("ratio_vs_etcd", "ratio_p99_vs_etcd", "ratio_vs_disk", "ratio_p50_vs_fsync"):
         if key in result:
             print(f"{key}: {result[key]:.3f}")
+    if "client_cpu_us_per_entry" in result:
+        bookies = result.get("bookie_cpu_us_per_entry")
+        print(f"cpu per entry: client {result['client_cpu_us_per_entry']:.1f} us"
+              + (f", bookies {bookies:.1f} us (all together)" if bookies else ""))  # fmt: skip
     if result.get("cpu_probe_ms"):
         probe = result["cpu_probe_ms"]
         print(f"cpu_probe_ms: {probe:.2f} (lower: a faster CPU; benchmarks/machine.py)")
