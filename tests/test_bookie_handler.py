@@ -14,7 +14,7 @@ from bookkeeper_aio.bookie.long_poll import Peer
 from bookkeeper_aio.bookie.records import LEDGER_KEY, replay_into
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.digest import LacProof, entry_digest, lac_digest, master_key, payload_digest
-from bookkeeper_aio.errors import StatusCode
+from bookkeeper_aio.errors import JournalFailedError, StatusCode
 from bookkeeper_aio.protocol import (
     ADD_FLAG_RECOVERY,
     READ_FLAG_FENCE,
@@ -205,6 +205,67 @@ def test_a_multi_add_answers_each_part_as_if_it_had_come_alone_once_all_are_dura
     assert unauthorized == AddResponse(h.rid, StatusCode.UNAUTHORIZED, L, 1)
     assert h.read(0).payload == b"a0" and h.engine.get_entry(other, 0) is not None
     assert h.send(MultiAddRequest, []).results == []  # nothing to add: answered at once
+
+
+def _multi_parts(h: Harness, ledgers: int) -> list:
+    """One single-entry add batch to each of ``ledgers`` ledgers, as a multi's parts."""
+    parts = []
+    for lid in range(L, L + ledgers):
+        wire = [(0, -1, payload_digest(b"p"), entry_digest(lid, 0, -1, b"p"), b"p")]
+        parts.append(as_part(AddBatchRequest(0, lid, 0, KEY, pack_add_entries(wire))))
+    return parts
+
+
+def test_a_multi_add_journals_each_part_but_waits_on_one_callback():
+    h = Harness()
+    parts = _multi_parts(h, 3)
+    parts.insert(
+        1, as_part(AddRequest(0, L, 5, 0, OTHER_KEY, 4, b"k", entry_digest(L, 5, 4, b"k")))
+    )
+    assert h.send(MultiAddRequest, parts, sync=False) is None
+    entries = [(r, cb) for r, _, cb in h.journal.pending if r == REC_ENTRIES]
+    assert len(entries) == 3  # a record per stored part (the unauthorized one has none)
+    assert [cb is entries[-1][1] for _, cb in entries] == [False, False, True]
+    h.journal.sync()
+    (reply,) = decode_all(encode(h.replies[0]))  # as the client gets it
+    statuses = [r.status for r in multi_add_results(reply)]
+    assert statuses == [StatusCode.OK, StatusCode.UNAUTHORIZED, StatusCode.OK, StatusCode.OK]
+
+
+def test_a_multi_add_whose_journal_write_fails_answers_io_error_for_its_stored_parts():
+    h = Harness()
+    parts = _multi_parts(h, 2)
+    parts.append([ReadRequest.OP, L, 0, 0, None, -1, 0])  # refused alone: keeps its status
+    h.send(MultiAddRequest, parts, sync=False)
+    h.journal.sync(OSError("disk gone"))
+    (reply,) = decode_all(encode(h.replies[0]))  # as the client gets it
+    results = multi_add_results(reply)
+    assert [r.status for r in results] == [StatusCode.IO_ERROR] * 2 + [StatusCode.BAD_REQUEST]
+    assert results[0].statuses == [StatusCode.IO_ERROR]
+
+
+def test_a_multi_add_meeting_a_failed_journal_answers_every_stored_part_once():
+    class FailingJournal(ManualJournal):
+        def __init__(self, fail_after: int) -> None:
+            super().__init__()
+            self.fail_after = fail_after
+
+        def append(self, rtype, body, callback) -> None:
+            if rtype == REC_ENTRIES and not self.fail_after:
+                raise JournalFailedError("journal failed: disk gone")
+            self.fail_after -= rtype == REC_ENTRIES
+            super().append(rtype, body, callback)
+
+    fatal: list = []
+    h = Harness()
+    h.journal = h.handler.journal = FailingJournal(fail_after=2)
+    h.handler._on_fatal = fatal.append
+    h.send(MultiAddRequest, _multi_parts(h, 3), sync=False)
+    (reply,) = decode_all(encode(h.replies[0]))  # at once: no part is known durable
+    assert [r.status for r in multi_add_results(reply)] == [StatusCode.IO_ERROR] * 3
+    assert len(fatal) == 1 and h.handler.statistics()["io_errors"] == 1
+    h.journal.sync()  # the records appended before the failure: their callbacks are ignored
+    assert len(h.replies) == 1
 
 
 class FlagRecordingEngine(MemoryEngine):
