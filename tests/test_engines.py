@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -354,6 +355,21 @@ def test_rocksdb_writes_its_ssts_around_the_page_cache(tmp_path: Path, direct: b
     e = RocksDBEngine(str(tmp_path), wal=False, direct_io=direct)
     assert e.get_entry(1, 99) is not None and e.last_entry_id(1) == 99
     e.close()
+
+
+def test_rocksdb_compacts_level_0_sixteen_flushes_at_a_time(tmp_path: Path) -> None:
+    e = RocksDBEngine(str(tmp_path), wal=False)
+    for flush in range(8):  # each flush spans every ledger: its SST overlaps all the others
+        for ledger in range(1, 21):
+            e.put_entries(ledger, [(flush, os.urandom(200))])
+        e.sync()  # without the WAL: a memtable flush, one level-0 SST
+    time.sleep(0.5)  # what a compaction RocksDB had started would have needed here
+    assert e._db.property_int_value("rocksdb.num-files-at-level0") == 8
+    e.close()
+    (options,) = tmp_path.glob("OPTIONS-*")
+    text = options.read_text()
+    assert text.count("level0_file_num_compaction_trigger=16") >= 3  # entries, singles, copies
+    assert "level0_slowdown_writes_trigger=40" in text and "level0_stop_writes_trigger=64" in text
 
 
 def test_rocksdb_with_blob_files_keeps_payloads_out_of_its_ssts(tmp_path: Path) -> None:
