@@ -18,8 +18,10 @@ read-only (recovery adds pass), the end-to-end digest (BP-31), the master key, t
 (recovery adds pass). The order matches BookKeeper's ``BookieImpl.addEntry`` except that the
 digest comes first: a corrupt frame must not create a ledger as a side effect. A
 ``MultiAddRequest`` is its parts handled one after another exactly so, answered once the last
-part has its answer; at most ``multi_add_parts_max`` parts and ``request_entries_max`` entries
-in all (a frame's work is bounded, not just its bytes).
+part has its answer (each part's journal record is appended, and the last one's callback
+answers them all: the journal is ordered and fail-stop); at most ``multi_add_parts_max``
+parts and ``request_entries_max`` entries in all (a frame's work is bounded, not just its
+bytes).
 
 Failures: any exception on a request path (an engine's, a bug's) becomes an error answer
 (IO_ERROR), never a dropped connection; a journal failure also stops the bookie (fail-stop).
@@ -357,14 +359,12 @@ class RequestHandler:
             reply.queued_now()
         self.journal.append(*record, durable)
 
-    def _add_batch(
-        self, req: AddBatchRequest, reply: Reply, peer: Peer, entries_max: int = 0
-    ) -> None:
+    def _add_batch(self, req: AddBatchRequest, reply: Reply, peer: Peer) -> None:
         """Each entry as :meth:`_add` would; one journal record for the stored ones and one
         answer once it is durable."""
         started = self._clock()
         handled = time.perf_counter() if self.trace is not None else 0.0
-        entries, answer, record = self._stage_batch(req, entries_max)
+        entries, answer, record = self._stage_batch(req)
         if self.trace is not None and entries:
             reply = TracedReply(self.trace, reply, req.ledger_id, entries[0][0], len(entries),
                                 handled)  # fmt: skip
