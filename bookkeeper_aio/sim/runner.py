@@ -188,8 +188,10 @@ def sweep(
     *,
     stop_at_first: bool = False,
     workers: int | None = None,
+    client_changes: Mapping[str, Any] | None = None,
 ) -> Iterator[SimResult]:
     """Run seeds, yielding each result in seed order; optionally stop at the first violation.
+    ``client_changes``: as :func:`run_seed`'s, for every seed.
 
     Seeds are independent and each is deterministic, so ``workers`` processes (default:
     ``SIM_WORKERS``, else one per CPU) run them in parallel with the same results as one
@@ -200,7 +202,7 @@ def sweep(
     count = count or os.cpu_count() or 1
     if count <= 1:
         for seed in seeds:
-            result = run_seed(seed, bugs)
+            result = run_seed(seed, bugs, client_changes)
             yield result
             if stop_at_first and not result.ok:
                 return
@@ -216,7 +218,7 @@ def sweep(
         try:
             while True:
                 while len(pending) < 2 * count and (next_seed := next(it, None)) is not None:
-                    pending.append(pool.submit(run_seed, next_seed, bugs))
+                    pending.append(pool.submit(run_seed, next_seed, bugs, client_changes))
                 if not pending:
                     return
                 result = pending.popleft().result()
