@@ -382,16 +382,12 @@ class RocksDBEngine:
                 # every id from first to last, so listing it needs no value either
                 batch.put(key, count, self._batches_cf)
                 self._staged_bytes += len(packed)
-                if self._staged_bytes > self._write_behind_bytes:  # (_write_staged, inlined)
-                    self._write_staged()
+                self._write_staged(self._write_behind_bytes)
             self._batched.add(ledger_id)
             self._put_bytes += len(packed)
             self._recent_from.setdefault(ledger_id, first)
-            recent = self._recent
-            recent.append((self._put_bytes, ledger_id, last))
-            oldest = max(self._put_bytes - self._memtable_bytes, self._flushed_at)
-            if recent[0][0] <= oldest or len(recent) > _RECENT_MAX:  # (_forget_flushed's test)
-                self._forget_flushed()
+            self._recent.append((self._put_bytes, ledger_id, last))
+            self._forget_flushed()
         else:
             pack, singles = _ENTRY_KEY.pack, self._singles_cf
             with self._lock:
