@@ -57,6 +57,9 @@ def test_writes_with_peers(tmp_path):
     assert peer_keys | {"ratio_vs_etcd", "ratio_vs_disk"} <= set(result)
     assert result["etcd_puts_per_s"] > 0 and result["errors"] == 0
     assert "cpu_probe_ms" in result  # None when the phase ended before the probe's first run
+    # The CPU per entry of the bookies it started (/proc ticks of 10 ms: thousands of adds
+    # take more) and of its own process.
+    assert result["bookie_cpu_us_per_entry"] > 0 and result["client_cpu_us_per_entry"] > 0
 
 
 def test_bookie_set_reaches_the_started_bookies(tmp_path):
@@ -125,6 +128,7 @@ def test_scale(tmp_path):
     for name, point in points.items():
         assert point["errors"] == 0 and point["entries_per_s"] > 0, name
         assert point["ledgers"] == int(name.split("_l")[1]) and point["ratio_vs_first"] > 0
+        assert point["client_cpu_us_per_entry"] > 0 and "bookie_cpu_us_per_entry" in point
     assert points["b3_l1"]["ratio_vs_first"] == 1.0
 
 
