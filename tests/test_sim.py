@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -118,6 +119,27 @@ def test_recovery_batch_reads_keep_every_invariant_and_the_fence_switch_is_still
     bug = ["recovery-reads-without-fence"]
     fenceless = list(sweep(range(0, 30), bug, stop_at_first=True, client_changes=batched))
     assert not fenceless[-1].ok
+
+
+def test_a_sweep_whose_worker_overruns_a_seed_stops_it_and_says_which_seed() -> None:
+    # In a child process: if the pool's shutdown waited for the stuck worker, this would hang.
+    code = (
+        "from bookkeeper_aio.sim.runner import SeedTimeoutError, sweep\n"
+        "try:\n"
+        "    list(sweep(range(4), workers=2, seed_wall_s=0.001))\n"
+        "except SeedTimeoutError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "seed 0 ran over 0.001 real seconds" in done.stdout
+    assert "python -m bookkeeper_aio.sim --seed 0" in done.stdout
 
 
 def test_every_bug_switch_is_known_to_the_command_line_and_tested() -> None:

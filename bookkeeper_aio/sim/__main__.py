@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from .runner import KNOWN_BUGS, quiet_logging, sweep
+from .runner import KNOWN_BUGS, SeedTimeoutError, quiet_logging, sweep
 
 
 def _seed_range(text: str) -> range:
@@ -62,16 +62,21 @@ def main(argv: list[str] | None = None) -> int:
     failed, started, virtual = [], time.perf_counter(), 0.0
     single = args.seed is not None
     stop = not args.keep_going and not single
-    for result in sweep(seeds, args.bug, stop_at_first=stop, workers=1 if single else args.workers):
-        seed = result.seed
-        virtual += result.virtual_s
-        if args.seed is not None or args.verbose or not result.ok:
-            print(
-                result.report() if not result.ok or args.verbose or args.seed is not None else "",
-                flush=True,
-            )
-        if not result.ok:
-            failed.append(seed)
+    results = sweep(seeds, args.bug, stop_at_first=stop, workers=1 if single else args.workers)
+    try:
+        for result in results:
+            seed = result.seed
+            virtual += result.virtual_s
+            if args.seed is not None or args.verbose or not result.ok:
+                print(
+                    result.report() if not result.ok or args.verbose or single else "",
+                    flush=True,
+                )
+            if not result.ok:
+                failed.append(seed)
+    except SeedTimeoutError as exc:  # a seed that never ends fails like a violation
+        print(f"error: {exc}", flush=True)
+        return 1
     wall = time.perf_counter() - started
     ran = seeds.index(failed[0]) + 1 if failed and not args.keep_going else len(seeds)
     print(

@@ -33,6 +33,9 @@ from .workload import Run, Scenario, draw_scenario, maybe_journal_errors
 from .world import Faults, World
 
 VIRTUAL_LIMIT_S = 600.0
+# Real seconds a sweep's worker may spend on one seed (seeds take 0.1-5 s here): past it a
+# callback spins inside one loop iteration, which the virtual loop cannot see.
+SEED_WALL_S_MAX = 600.0
 
 KNOWN_BUGS = (
     "recovery-reads-without-fence",
@@ -189,9 +192,14 @@ def sweep(
     stop_at_first: bool = False,
     workers: int | None = None,
     client_changes: Mapping[str, Any] | None = None,
+    seed_wall_s: float = SEED_WALL_S_MAX,
 ) -> Iterator[SimResult]:
     """Run seeds, yielding each result in seed order; optionally stop at the first violation.
     ``client_changes``: as :func:`run_seed`'s, for every seed.
+
+    Raises:
+        SeedTimeoutError: a worker spent more than ``seed_wall_s`` real seconds on one seed
+            (the workers are stopped; the seed replays with ``python -m bookkeeper_aio.sim``).
 
     Seeds are independent and each is deterministic, so ``workers`` processes (default:
     ``SIM_WORKERS``, else one per CPU) run them in parallel with the same results as one
@@ -213,15 +221,26 @@ def sweep(
     hash_seed = os.environ.get("PYTHONHASHSEED")
     os.environ["PYTHONHASHSEED"] = "0"
     with ProcessPoolExecutor(count, mp_context=context, initializer=quiet_logging) as pool:
-        pending: deque[Future[SimResult]] = deque()
+        pending: deque[tuple[int, Future[SimResult]]] = deque()
         it = iter(seeds)
         try:
             while True:
                 while len(pending) < 2 * count and (next_seed := next(it, None)) is not None:
-                    pending.append(pool.submit(run_seed, next_seed, bugs, client_changes))
+                    future = pool.submit(run_seed, next_seed, bugs, client_changes)
+                    pending.append((next_seed, future))
                 if not pending:
                     return
-                result = pending.popleft().result()
+                seed, future = pending.popleft()
+                try:
+                    # A seed not done seed_wall_s after the one before it has run that long
+                    # at least (it started at the latest when that one's result came).
+                    result = future.result(timeout=seed_wall_s)
+                except TimeoutError:
+                    _stop_workers(pool)  # else the pool's shutdown waits for the stuck one
+                    raise SeedTimeoutError(
+                        f"seed {seed} ran over {seed_wall_s:g} real seconds; replay it: "
+                        f"python -m bookkeeper_aio.sim --seed {seed}"
+                    ) from None
                 yield result
                 if stop_at_first and not result.ok:
                     return
@@ -232,6 +251,18 @@ def sweep(
                 os.environ.pop("PYTHONHASHSEED", None)
             else:
                 os.environ["PYTHONHASHSEED"] = hash_seed
+
+
+class SeedTimeoutError(RuntimeError):
+    """A sweep's worker spent too long (real time) on one seed."""
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Kill the pool's worker processes (none is left running a seed), so that its shutdown
+    returns; the executor keeps them in ``_processes`` (CPython 3.11-3.13)."""
+    for process in list(getattr(pool, "_processes", {}).values()):
+        process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def quiet_logging() -> None:
