@@ -208,6 +208,7 @@ class BookieConfig(AutorecoverySettings):
     ZERO_ALLOWED: ClassVar[frozenset[str]] = AutorecoverySettings.ZERO_ALLOWED | {
         "data_integrity_check_interval_s",
         "gc_interval_s",
+        "gc_overreplicated_wait_s",
         "scrub_interval_s",
     }
 
@@ -304,6 +305,12 @@ class BookieConfig(AutorecoverySettings):
     # A tombstone is removed after this long even if a bookie never confirmed it; a bookie
     # away longer than this keeps every ledger it cannot check (default 7 days).
     tombstone_ttl_s: float = 7 * 86_400.0
+    # An extra copy: a CLOSED ledger this bookie holds but is in no ensemble of (autorecovery
+    # replaced it while it was away), with no under-replication mark, unchanged for this long,
+    # is deleted here (BookKeeper's over-replicated ledger GC, gcOverreplicatedLedgerWaitTime;
+    # 0: never). Its metadata is read for at most gc_overreplicated_checks_max ledgers a pass.
+    gc_overreplicated_wait_s: float = 86_400.0
+    gc_overreplicated_checks_max: int = 1_000
     # Ledgers this bookie deleted, remembered (ids, in memory) so that a late add of a writer
     # that outlived its ledger (a zombie, fenced before the delete) is refused as fenced
     # instead of creating the ledger again: GC deleted the fence with the data.

@@ -11,10 +11,17 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bookkeeper_aio.bookie.gc import GarbageCollector
+from bookkeeper_aio.bookie.handler import RequestHandler
 from bookkeeper_aio.bookie.server import Bookie
 from bookkeeper_aio.config import BookieConfig
+from bookkeeper_aio.digest import entry_digest, payload_digest
 from bookkeeper_aio.engine import LedgerInfo
-from bookkeeper_aio.errors import ConfigError, IncorrectParameterError, MetadataFormatError
+from bookkeeper_aio.errors import (
+    ConfigError,
+    IncorrectParameterError,
+    MetadataFormatError,
+    StatusCode,
+)
 from bookkeeper_aio.metadata.memory import MemoryMetadataStore
 from bookkeeper_aio.metadata.model import LedgerMetadata
 from bookkeeper_aio.metadata.store import MetadataStore, open_metadata_store
@@ -24,6 +31,8 @@ from bookkeeper_aio.metadata.tombstones import (
     read_tombstone,
     set_cluster_option,
 )
+from bookkeeper_aio.metadata.underreplication import Missing, mark_under_replicated
+from bookkeeper_aio.protocol import ADD_FLAG_RECOVERY, AddBatchRequest, pack_add_entries
 from bookkeeper_aio.shell import cluster
 from engines.memory import MemoryEngine
 from tests.wire import bookie_config
@@ -49,7 +58,8 @@ class Clock:
         return self.ms
 
 
-def _collector(store: MetadataStore, engine: MemoryEngine, clock: Clock, **config: object):
+def _collector(store: MetadataStore, engine: MemoryEngine, clock: Clock, hold=None,
+               **config: object):  # fmt: skip
     checkpoints: list[int] = []
     forgotten: list[int] = []
 
@@ -62,7 +72,8 @@ def _collector(store: MetadataStore, engine: MemoryEngine, clock: Clock, **confi
     settings: dict[str, object] = {"listen": ME, "ledger_dirs": ("x",), "engine": "memory"}
     cfg = BookieConfig(**{**settings, **config})  # type: ignore[arg-type]
     gc = GarbageCollector(cfg, engine, store, incarnation="i1", forget=forgotten.append,
-                          checkpoint=checkpoint, reclaim=reclaim, wall_clock_ms=clock)  # fmt: skip
+                          hold=hold or (lambda ledger_id, held: None), checkpoint=checkpoint,
+                          reclaim=reclaim, wall_clock_ms=clock)  # fmt: skip
     return gc, checkpoints, forgotten
 
 
@@ -149,6 +160,130 @@ async def test_expired_tombstones_go_and_a_bookie_away_longer_keeps_what_it_cann
     fresh, _, _ = _collector(store, MemoryEngine(), clock, tombstone_ttl_s=86_400.0)
     fresh.incarnation = "i2"
     assert not (await fresh.collect())["away_longer_than_ttl"]
+
+
+OTHER = "127.0.0.1:3183"
+HOUR_MS = 3_600_000
+
+
+async def _closed_ledger(store: MetadataStore, engine: MemoryEngine, *segments) -> int:
+    """A CLOSED ledger with these segments, held by this bookie's engine."""
+    v = await store.create_ledger(lambda i: LedgerMetadata(i, 2, 2, 2, segments))
+    lid = v.value.ledger_id
+    await store.write_ledger(lid, v.value.closed(9, 100), v.version)
+    engine.put_ledger(lid, LedgerInfo(b"k" * 20))
+    engine.put_entry(lid, 0, b"entry")
+    return lid
+
+
+async def test_an_extra_copy_is_deleted_after_a_day_unchanged(store):
+    engine, clock = MemoryEngine(), Clock()
+    events: list[tuple[str, int]] = []
+    hold = lambda ledger_id, held: events.append(("hold" if held else "release", ledger_id))  # noqa: E731
+    gc, checkpoints, forgotten = _collector(store, engine, clock, hold)
+    extra = await _closed_ledger(store, engine, (0, (PEER, OTHER)))  # replaced here
+    mine = await _closed_ledger(store, engine, (0, ENSEMBLE), (5, (PEER, OTHER)))  # an old segment
+    first = await gc.collect()
+    assert (first["extra_copies_deleted"], first["extra_copies_waiting"]) == (0, 1)
+    clock.ms += DAY_MS - 1
+    assert (await gc.collect())["extra_copies_deleted"] == 0
+    clock.ms += 1
+    last = await gc.collect()
+    assert (last["extra_copies_deleted"], last["extra_copies_waiting"]) == (1, 0)
+    assert engine.ledgers() == [mine] and forgotten == [extra] and checkpoints
+    assert events == [("hold", extra), ("release", extra)]  # adds refused while deleting
+    assert gc.statistics()["extra_copies_deleted"] == 1
+    assert (await store.read_ledger(extra)).value.ensembles == ((0, (PEER, OTHER)),)  # untouched
+
+
+async def test_an_extra_copy_is_kept_while_open_marked_changing_or_switched_off(store):
+    engine, clock = MemoryEngine(), Clock()
+    gc, _, forgotten = _collector(store, engine, clock)
+    v = await store.create_ledger(lambda i: LedgerMetadata(i, 2, 2, 2, ((0, (PEER, OTHER)),)))
+    open_one = v.value.ledger_id  # OPEN: its ensembles may still change
+    engine.put_ledger(open_one, LedgerInfo(b"k" * 20))
+    marked = await _closed_ledger(store, engine, (0, (PEER, OTHER)))
+    await mark_under_replicated(store, marked, [Missing(OTHER, ("lost",), clock.ms)],
+                                now_ms=clock.ms)  # fmt: skip
+    changing = await _closed_ledger(store, engine, (0, (PEER, OTHER)))
+    await gc.collect()
+    clock.ms += DAY_MS // 2
+    current = await store.read_ledger(changing)  # autorecovery moved it meanwhile: a new version
+    await store.write_ledger(changing, current.value, current.version)
+    await gc.collect()
+    clock.ms += DAY_MS // 2 + HOUR_MS
+    assert (await gc.collect())["extra_copies_deleted"] == 0  # changing: seen a half day only
+    clock.ms += DAY_MS // 2
+    assert (await gc.collect())["extra_copies_deleted"] == 1 and forgotten == [changing]
+    assert sorted(engine.ledgers()) == sorted([open_one, marked])
+    off_engine = MemoryEngine()
+    off, _, _ = _collector(store, off_engine, clock, gc_overreplicated_wait_s=0)
+    await _closed_ledger(store, off_engine, (0, (PEER, OTHER)))
+    for _ in range(3):
+        await off.collect()
+        clock.ms += 2 * DAY_MS
+    assert len(off_engine.ledgers()) == 1  # 0: never
+
+
+async def test_an_extra_copy_changed_during_its_last_check_is_kept(store):
+    engine, clock = MemoryEngine(), Clock()
+    gc, _, forgotten = _collector(store, engine, clock)
+    lid = await _closed_ledger(store, engine, (0, (PEER, OTHER)))
+    await gc.collect()
+    clock.ms += DAY_MS
+    read_ledger, reads = store.read_ledger, []
+
+    async def worker_meanwhile(ledger_id: int):  # a replication worker's CAS between the reads
+        reads.append(ledger_id)
+        if len(reads) == 2:
+            current = await read_ledger(ledger_id)
+            await store.write_ledger(ledger_id, current.value, current.version)
+        return await read_ledger(ledger_id)
+
+    store.read_ledger = worker_meanwhile  # type: ignore[method-assign]
+    figures = await gc.collect()
+    assert reads == [lid, lid] and figures["extra_copies_deleted"] == 0 and not forgotten
+    assert engine.ledgers() == [lid]
+
+
+async def test_held_adds_are_refused_until_released():
+    h = RequestHandler(MemoryEngine(), _Journal(), BookieConfig())
+    key = b"k" * 20
+    wire = [(0, -1, payload_digest(b"p"), entry_digest(7, 0, -1, b"p"), b"p")]
+    replies: list = []
+
+    def add(flags: int) -> int:
+        h.handle(AddBatchRequest(len(replies), 7, flags, key, pack_add_entries(wire)),
+                 replies.append)  # fmt: skip
+        return replies[-1].statuses[0]
+
+    h.hold_adds(7, True)
+    assert add(ADD_FLAG_RECOVERY) == StatusCode.NO_SUCH_LEDGER and add(0) == StatusCode.FENCED
+    h.hold_adds(7, False)
+    assert add(ADD_FLAG_RECOVERY) == StatusCode.OK
+
+
+class _Journal:
+    def append(self, rtype, body, callback) -> None:
+        callback(None)
+
+
+async def test_extra_copies_are_checked_a_bounded_number_a_pass_in_turns(store):
+    engine, clock = MemoryEngine(), Clock()
+    gc, _, _ = _collector(store, engine, clock, gc_overreplicated_checks_max=2)
+    ids = sorted([await _closed_ledger(store, engine, (0, (PEER, OTHER))) for _ in range(5)])
+    reads: list[int] = []
+    read_ledger = store.read_ledger
+
+    async def counted(ledger_id: int):
+        reads.append(ledger_id)
+        return await read_ledger(ledger_id)
+
+    store.read_ledger = counted  # type: ignore[method-assign]
+    for _ in range(3):
+        await gc.collect()
+    assert reads == [*ids[:2], *ids[2:4], ids[4], ids[0]]  # two a pass, in id order, round
+    assert gc.statistics()["last_pass"]["extra_copies_waiting"] == 5
 
 
 def test_tombstone_json_and_rules():

@@ -8,10 +8,11 @@ One pass (``Bookie.collect_garbage``, every ``gc_interval_s`` and on demand):
    tombstones (``metadata/tombstones.py``). In that order a ledger created meanwhile is
    either listed live or not held yet, and one deleted meanwhile is either listed live (kept
    this pass) or tombstoned.
-2. A held ledger with metadata is live: kept. One **explicitly tombstoned** and without
-   metadata is deleted: dropped from the handler's cache, deleted in the engine. One with
-   neither is an **orphan**: never deleted, only counted, listed and logged (its key may have
-   been removed by hand, or its tombstone expired while this bookie was away).
+2. A held ledger with metadata is live: kept, unless it is an **extra copy** (below). One
+   **explicitly tombstoned** and without metadata is deleted: dropped from the handler's
+   cache, deleted in the engine. One with neither is an **orphan**: never deleted, only
+   counted, listed and logged (its key may have been removed by hand, or its tombstone
+   expired while this bookie was away).
 3. The deletes are made durable (a journal checkpoint: the engine synced, the journal records
    of those ledgers dropped, so a replay cannot bring them back) *before* this bookie
    confirms them in their tombstones; the bookie that completes a tombstone removes it.
@@ -19,6 +20,21 @@ One pass (``Bookie.collect_garbage``, every ``gc_interval_s`` and on demand):
 4. The engine reclaims space (RocksDB compacts the deleted ranges; the files engine compacts
    entry logs whose live fraction fell below ``compaction_live_ratio_min``).
 5. Tombstones older than ``tombstone_ttl_s`` are removed whoever has not confirmed them.
+
+**Extra copies** (BookKeeper's over-replicated ledger GC), deleted in step 2 and made durable
+in step 3: a held ledger with metadata whose every ensemble lacks this bookie (autorecovery
+replaced it while it was away, or a decommission moved its data), once it has been seen so,
+CLOSED, with no under-replication mark and at the same metadata version, for
+``gc_overreplicated_wait_s`` (one day); the metadata of at most
+``gc_overreplicated_checks_max`` held ledgers is read a pass, in turns. What is deleted is a
+copy the metadata no longer counts: every entry still has its write quorum's copies on the
+bookies the ensembles name. A copy a replication worker is writing here is not extra yet: the
+worker holds the ledger's mark while it copies. So a ledger due for deletion is checked once
+more with adds to it refused by the handler (``hold``) and deleted before they are taken
+again: a copy begun since the first check shows as its mark, or is refused (the worker tries
+again later; after the delete the handler remembers the ledger as deleted) and never
+acknowledged and then deleted. The times seen are in memory: a restart waits the whole time
+again.
 
 A bookie away longer than the TTL (its last pass, recorded in ``gc/bookies/<id>``, is older
 than that) may hold ledgers whose tombstones expired meanwhile: it cannot tell them from real
@@ -35,10 +51,11 @@ from typing import Any
 
 from ..config import BookieConfig
 from ..engine import Engine
-from ..errors import MetadataFormatError
-from ..metadata.model import Versioned
+from ..errors import MetadataFormatError, NoSuchLedgerError
+from ..metadata.model import LedgerState, Versioned
 from ..metadata.store import MetadataStore
 from ..metadata.tombstones import GC_BOOKIES_PREFIX, Tombstone, confirm, list_tombstones, remove
+from ..metadata.underreplication import read_mark
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +74,7 @@ class GarbageCollector:
         *,
         incarnation: str,
         forget: Callable[[int], None],
+        hold: Callable[[int, bool], None],
         checkpoint: Callable[[], Awaitable[None]],
         reclaim: Callable[[float], Awaitable[int]],
         wall_clock_ms: Callable[[], int],
@@ -67,16 +85,21 @@ class GarbageCollector:
         self.bookie_id = config.bookie_id
         self.incarnation = incarnation
         self._forget = forget
+        self._hold = hold  # (ledger, True): the handler refuses adds to it until (ledger, False)
         self._checkpoint = checkpoint
         self._reclaim = reclaim
         self._clock_ms = wall_clock_ms
         self.counters: dict[str, int] = dict.fromkeys(
             ("passes", "ledgers_deleted", "bytes_freed", "tombstones_confirmed",
-             "tombstones_removed", "tombstones_expired", "delete_errors"), 0,
+             "tombstones_removed", "tombstones_expired", "delete_errors",
+             "extra_copies_deleted"), 0,
         )  # fmt: skip
         self.last: dict[str, Any] = {}
         self.orphans: list[int] = []
         self.away_longer_than_ttl = False
+        # Held ledgers seen as extra copies: (metadata version, wall ms when first seen so).
+        self._extra: dict[int, tuple[int, int]] = {}
+        self._extra_cursor = -1  # the last ledger id checked: the next pass goes on after it
 
     def statistics(self) -> dict[str, Any]:
         """Totals, the last pass's figures, the orphans now."""
@@ -97,7 +120,9 @@ class GarbageCollector:
         stones = [s async for s in list_tombstones(self.metadata)]
         doomed = {s.value.ledger_id for s in stones} & (held - live)
         deleted, errors = self._delete(sorted(doomed))
-        if deleted:
+        extra, extra_errors = await self._extra_copies(held & live, now_ms)
+        errors += extra_errors
+        if deleted or extra:
             await self._checkpoint()  # durable before any tombstone hears of it
         orphans = sorted(held - live - doomed)
         self._report_orphans(orphans)
@@ -113,14 +138,16 @@ class GarbageCollector:
             "tombstones_removed": removed,
             "tombstones_expired": expired,
             "delete_errors": errors,
-            "ledgers_held": len(held) - len(deleted),
+            "extra_copies_deleted": len(extra),
+            "extra_copies_waiting": len(self._extra),
+            "ledgers_held": len(held) - len(deleted) - len(extra),
             "away_longer_than_ttl": self.away_longer_than_ttl,
         }
         self._count(figures)
         await self._record_pass(now_ms)
         return figures
 
-    def _delete(self, ledger_ids: list[int]) -> tuple[list[int], int]:
+    def _delete(self, ledger_ids: list[int], what: str = "tombstoned") -> tuple[list[int], int]:
         deleted, errors = [], 0
         for ledger_id in ledger_ids:
             try:
@@ -131,8 +158,60 @@ class GarbageCollector:
                 errors += 1
                 log.error("gc: could not delete ledger %d: %s", ledger_id, exc)
         if deleted:
-            log.info("gc: bookie %s deleted %d tombstoned ledgers", self.bookie_id, len(deleted))
+            log.info("gc: bookie %s deleted %d %s ledgers: %s", self.bookie_id, len(deleted), what,
+                     deleted[:ORPHANS_LISTED_MAX])  # fmt: skip
         return deleted, errors
+
+    async def _extra_copies(self, candidates: set[int], now_ms: int) -> tuple[list[int], int]:
+        """Delete the held ledgers (``candidates``: with metadata) whose copy here has been
+        extra for ``gc_overreplicated_wait_s`` (module docstring); reads the metadata of at
+        most ``gc_overreplicated_checks_max`` of them, in turns over the passes. Returns the
+        ledgers deleted and the deletes that failed."""
+        wait_ms = self.config.gc_overreplicated_wait_s * 1000
+        self._extra = {i: seen for i, seen in self._extra.items() if i in candidates}
+        if wait_ms <= 0 or not candidates:
+            return [], 0
+        ordered = sorted(candidates)
+        start = next((n for n, i in enumerate(ordered) if i > self._extra_cursor), 0)
+        turn = (ordered[start:] + ordered[:start])[: self.config.gc_overreplicated_checks_max]
+        deleted, errors = [], 0
+        for ledger_id in turn:
+            self._extra_cursor = ledger_id
+            version = await self._extra_version(ledger_id)
+            seen = self._extra.get(ledger_id)
+            if version is None:
+                self._extra.pop(ledger_id, None)
+            elif seen is None or seen[0] != version:
+                self._extra[ledger_id] = (version, now_ms)  # (again) from now
+            elif now_ms - seen[1] >= wait_ms:
+                # Checked again with adds to it refused meanwhile: a copy a replication worker
+                # began since the first check is either refused or seen here (its mark).
+                self._hold(ledger_id, True)
+                try:
+                    if await self._extra_version(ledger_id) == version:
+                        done, failed = self._delete([ledger_id], "extra")
+                        deleted += done
+                        errors += failed
+                finally:
+                    self._hold(ledger_id, False)
+                del self._extra[ledger_id]
+        return deleted, errors
+
+    async def _extra_version(self, ledger_id: int) -> int | None:
+        """The metadata version of the ledger if this bookie's copy of it is extra now:
+        CLOSED, in none of its ensembles, no under-replication mark; else None."""
+        try:
+            current = await self.metadata.read_ledger(ledger_id)
+        except NoSuchLedgerError:  # deleted since the listing: the tombstones' business
+            return None
+        md = current.value
+        if (
+            md.state is not LedgerState.CLOSED
+            or any(self.bookie_id in ensemble for _, ensemble in md.ensembles)
+            or await read_mark(self.metadata, ledger_id) is not None
+        ):
+            return None
+        return current.version
 
     async def _settle(
         self, stones: list[Versioned[Tombstone]], held: set[int], deleted: set[int], now_ms: int
@@ -171,7 +250,8 @@ class GarbageCollector:
         c = self.counters
         c["passes"] += 1
         for key in ("ledgers_deleted", "bytes_freed", "tombstones_confirmed",
-                    "tombstones_removed", "tombstones_expired", "delete_errors"):  # fmt: skip
+                    "tombstones_removed", "tombstones_expired", "delete_errors",
+                    "extra_copies_deleted"):  # fmt: skip
             c[key] += figures[key]
         self.last = figures
 

@@ -164,6 +164,7 @@ class RequestHandler:
         self._ledgers: dict[int, LedgerState] = {}  # oldest loaded first (evicted first)
         # Ledgers deleted by GC, oldest first (bounded): their fence went with their data.
         self._deleted: dict[int, None] = {}
+        self._held_adds: set[int] = set()  # ledgers whose adds are refused for now (hold_adds)
         self._on_fatal = on_fatal
         # Set by the bookie: a ledger learned of (its metadata is to be read), the scrubber's
         # state as a ScrubResponse's counters (``start``: run a pass now).
@@ -327,6 +328,15 @@ class RequestHandler:
         state.move_to(target)
         state.wake_waiters()
         self.journal.append(REC_LIMBO, limbo_body(ledger_id, state.master_key, limbo), done)
+
+    def hold_adds(self, ledger_id: int, held: bool) -> None:
+        """Refuse adds to the ledger (as to a deleted one) while ``held``: the garbage
+        collector's last check of an extra copy (gc.py), so that no copy is acknowledged
+        between that check and the delete."""
+        if held:
+            self._held_adds.add(ledger_id)
+        else:
+            self._held_adds.discard(ledger_id)
 
     def forget(self, ledger_id: int) -> None:
         """Drop a deleted ledger from the cache (the engine deletes its data) and remember
@@ -535,10 +545,11 @@ class RequestHandler:
             return self._refused(statuses), []
         state = self.ledger(lid)
         refusal = None
-        if state is None and lid in self._deleted:
+        if (state is None and lid in self._deleted) or (self._held_adds and lid in self._held_adds):
             # A writer that outlived its ledger: the ledger was closed (its fence, deleted
             # with the data, had refused this add) and then deleted. Creating it again would
             # acknowledge an entry of a closed ledger (NoDivergenceBetweenClientAndMetaData).
+            # Or the GC is about to delete this bookie's extra copy of it (hold_adds).
             refusal = StatusCode.NO_SUCH_LEDGER if recovery else StatusCode.FENCED
             return self._refused([refusal if s is OK else s for s in statuses]), []
         if state is None:

@@ -185,7 +185,8 @@ class Bookie:
             self.gc = GarbageCollector(
                 cfg, self._engine, self.metadata,
                 incarnation=cookies.incarnation if cookies is not None else "",
-                forget=self.handler.forget, checkpoint=self._gc_checkpoint,
+                forget=self.handler.forget, hold=self.handler.hold_adds,
+                checkpoint=self._gc_checkpoint,
                 reclaim=lambda ratio: self.storage.reclaim_space(self.engine, ratio),
                 wall_clock_ms=self._wall_clock_ms,
             )  # fmt: skip
