@@ -2,7 +2,8 @@
 
 A bookie killed for good is replaced in every ledger (three copies again, racks respected, no
 acknowledged entry lost, the open ledger's writer never interrupted); a live bookie is
-decommissioned; a bookie formatted again gets its copies back. Short delays and leases keep
+decommissioned, and its GC then deletes the copies no ensemble names any more; a bookie
+formatted again gets its copies back. Short delays and leases keep
 each test well under a minute.
 """
 
@@ -23,8 +24,11 @@ import pytest
 from bookkeeper_aio import BookKeeper
 from bookkeeper_aio.autorecovery.checker import check_ledger
 from bookkeeper_aio.autorecovery.state import INCARNATIONS_PREFIX, process_statistics
+from bookkeeper_aio.client.reads import request
 from bookkeeper_aio.config import ClientConfig
+from bookkeeper_aio.errors import StatusCode
 from bookkeeper_aio.metadata.store import open_metadata_store
+from bookkeeper_aio.protocol import ListEntriesRequest, ListEntriesResponse
 from bookkeeper_aio.quorum import write_set
 from bookkeeper_aio.sandbox import BookieProcess, autorecovery_process, wait_registered
 
@@ -164,10 +168,14 @@ async def test_a_lost_bookie_is_replaced_in_every_ledger_racks_respected(tmp_pat
 
 async def test_decommission_of_a_live_bookie_and_of_an_unknown_one(tmp_path, etcd_uri):
     await _init(etcd_uri)
-    procs = [_bookie(tmp_path / f"b{i}", etcd_uri, None) for i in range(4)]
+    # The leaving bookie's GC deletes its extra copies once they are a second old.
+    gc = ("--set", "gc_interval_s=0.5", "--set", "gc_overreplicated_wait_s=1")
+    procs = [_bookie(tmp_path / f"b{i}", etcd_uri, None, *(gc if i == 1 else ()))
+             for i in range(4)]  # fmt: skip
     async with _running(procs, etcd_uri), BookKeeper.connect(etcd_uri) as bk:
         written = await _write_closed(bk, 6, 5)
         leaving = procs[1].address
+        assert await _held_by(bk, leaving, list(written))  # E3 of 4: it holds some
         with _autorecovery(tmp_path, etcd_uri, "lost_bookie_recovery_delay_s=30"):
             unknown = _shell(etcd_uri, "decommission", "--bookie", "10.9.9.9:1")
             assert unknown.returncode == 1 and "unknown bookie" in unknown.stderr
@@ -184,6 +192,23 @@ async def test_decommission_of_a_live_bookie_and_of_an_unknown_one(tmp_path, etc
         assert await _restored(bk, list(written), without=leaving)
         assert await bk.ctx.metadata.get_cookie(leaving) is None
         await _read_back(bk, written)
+
+        async def emptied() -> bool:  # its copies, extra now, deleted by its GC
+            return not await _held_by(bk, leaving, list(written))
+
+        await _wait(emptied, 30, "the decommissioned bookie deletes its extra copies")
+        await _read_back(bk, written)
+
+
+async def _held_by(bk: BookKeeper, address: str, ledger_ids: list[int]) -> list[int]:
+    """The ledgers of which the bookie at ``address`` lists any entry."""
+    held = []
+    for lid in ledger_ids:
+        answer = await request(bk.ctx, address, ListEntriesRequest, lid, 0, 1_000)
+        assert type(answer) is ListEntriesResponse, answer
+        if answer.status == StatusCode.OK and answer.ranges:
+            held.append(lid)
+    return held
 
 
 async def test_decommission_of_a_dead_bookie_and_without_an_autorecovery_process(
