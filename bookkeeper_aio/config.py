@@ -308,7 +308,7 @@ class BookieConfig(AutorecoverySettings):
     # An extra copy: a CLOSED ledger this bookie holds but is in no ensemble of (autorecovery
     # replaced it while it was away), with no under-replication mark, unchanged for this long,
     # is deleted here (BookKeeper's over-replicated ledger GC, gcOverreplicatedLedgerWaitTime;
-    # 0: never). Its metadata is read for at most gc_overreplicated_checks_max ledgers a pass.
+    # 0: never), looked for every quarter of it, reading at most gc_overreplicated_checks_max.
     gc_overreplicated_wait_s: float = 86_400.0
     gc_overreplicated_checks_max: int = 1_000
     # Ledgers this bookie deleted, remembered (ids, in memory) so that a late add of a writer

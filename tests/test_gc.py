@@ -176,24 +176,44 @@ async def _closed_ledger(store: MetadataStore, engine: MemoryEngine, *segments) 
     return lid
 
 
+QUARTER_MS = DAY_MS // 4  # extra copies are looked for every quarter of the wait
+
+
 async def test_an_extra_copy_is_deleted_after_a_day_unchanged(store):
     engine, clock = MemoryEngine(), Clock()
     events: list[tuple[str, int]] = []
-    hold = lambda ledger_id, held: events.append(("hold" if held else "release", ledger_id))  # noqa: E731
+
+    def hold(ledger_id: int, held: bool) -> None:
+        events.append(("hold" if held else "release", ledger_id))
+
     gc, checkpoints, forgotten = _collector(store, engine, clock, hold)
     extra = await _closed_ledger(store, engine, (0, (PEER, OTHER)))  # replaced here
     mine = await _closed_ledger(store, engine, (0, ENSEMBLE), (5, (PEER, OTHER)))  # an old segment
-    first = await gc.collect()
-    assert (first["extra_copies_deleted"], first["extra_copies_waiting"]) == (0, 1)
-    clock.ms += DAY_MS - 1
-    assert (await gc.collect())["extra_copies_deleted"] == 0
+    assert (await gc.collect())["extra_copies_waiting"] == 0  # the first pass looks later
+    clock.ms += QUARTER_MS - 1
+    assert (await gc.collect())["extra_copies_waiting"] == 0
     clock.ms += 1
+    assert (await gc.collect())["extra_copies_waiting"] == 1  # seen from now
+    for _ in range(3):
+        clock.ms += QUARTER_MS
+        assert (await gc.collect())["extra_copies_deleted"] == 0
+    clock.ms += QUARTER_MS  # a day since it was first seen extra
     last = await gc.collect()
     assert (last["extra_copies_deleted"], last["extra_copies_waiting"]) == (1, 0)
     assert engine.ledgers() == [mine] and forgotten == [extra] and checkpoints
     assert events == [("hold", extra), ("release", extra)]  # adds refused while deleting
     assert gc.statistics()["extra_copies_deleted"] == 1
     assert (await store.read_ledger(extra)).value.ensembles == ((0, (PEER, OTHER)),)  # untouched
+
+
+async def _deleted_at(gc: GarbageCollector, clock: Clock, quarters: int) -> list[int]:
+    """Passes a quarter apart; the quarters (from now) at which extra copies were deleted."""
+    found = []
+    for quarter in range(quarters):
+        if (await gc.collect())["extra_copies_deleted"]:
+            found.append(quarter)
+        clock.ms += QUARTER_MS
+    return found
 
 
 async def test_an_extra_copy_is_kept_while_open_marked_changing_or_switched_off(store):
@@ -206,31 +226,23 @@ async def test_an_extra_copy_is_kept_while_open_marked_changing_or_switched_off(
     await mark_under_replicated(store, marked, [Missing(OTHER, ("lost",), clock.ms)],
                                 now_ms=clock.ms)  # fmt: skip
     changing = await _closed_ledger(store, engine, (0, (PEER, OTHER)))
-    await gc.collect()
-    clock.ms += DAY_MS // 2
+    assert await _deleted_at(gc, clock, 3) == []  # first seen at quarter 1
     current = await store.read_ledger(changing)  # autorecovery moved it meanwhile: a new version
     await store.write_ledger(changing, current.value, current.version)
-    await gc.collect()
-    clock.ms += DAY_MS // 2 + HOUR_MS
-    assert (await gc.collect())["extra_copies_deleted"] == 0  # changing: seen a half day only
-    clock.ms += DAY_MS // 2
-    assert (await gc.collect())["extra_copies_deleted"] == 1 and forgotten == [changing]
+    # Seen again from quarter 3 (this pass): a day later, at quarter 7.
+    assert await _deleted_at(gc, clock, 6) == [4] and forgotten == [changing]
     assert sorted(engine.ledgers()) == sorted([open_one, marked])
     off_engine = MemoryEngine()
     off, _, _ = _collector(store, off_engine, clock, gc_overreplicated_wait_s=0)
     await _closed_ledger(store, off_engine, (0, (PEER, OTHER)))
-    for _ in range(3):
-        await off.collect()
-        clock.ms += 2 * DAY_MS
-    assert len(off_engine.ledgers()) == 1  # 0: never
+    assert await _deleted_at(off, clock, 12) == [] and len(off_engine.ledgers()) == 1  # 0: never
 
 
 async def test_an_extra_copy_changed_during_its_last_check_is_kept(store):
     engine, clock = MemoryEngine(), Clock()
     gc, _, forgotten = _collector(store, engine, clock)
     lid = await _closed_ledger(store, engine, (0, (PEER, OTHER)))
-    await gc.collect()
-    clock.ms += DAY_MS
+    assert await _deleted_at(gc, clock, 5) == []  # seen at quarter 1, due at quarter 5
     read_ledger, reads = store.read_ledger, []
 
     async def worker_meanwhile(ledger_id: int):  # a replication worker's CAS between the reads
@@ -280,9 +292,13 @@ async def test_extra_copies_are_checked_a_bounded_number_a_pass_in_turns(store):
         return await read_ledger(ledger_id)
 
     store.read_ledger = counted  # type: ignore[method-assign]
+    await gc.collect()
+    assert reads == []  # the first pass only schedules the first look
     for _ in range(3):
+        clock.ms += QUARTER_MS
         await gc.collect()
-    assert reads == [*ids[:2], *ids[2:4], ids[4], ids[0]]  # two a pass, in id order, round
+        await gc.collect()  # the same quarter: no look
+    assert reads == [*ids[:2], *ids[2:4], ids[4], ids[0]]  # two a look, in id order, round
     assert gc.statistics()["last_pass"]["extra_copies_waiting"] == 5
 
 

@@ -25,8 +25,9 @@ One pass (``Bookie.collect_garbage``, every ``gc_interval_s`` and on demand):
 in step 3: a held ledger with metadata whose every ensemble lacks this bookie (autorecovery
 replaced it while it was away, or a decommission moved its data), once it has been seen so,
 CLOSED, with no under-replication mark and at the same metadata version, for
-``gc_overreplicated_wait_s`` (one day); the metadata of at most
-``gc_overreplicated_checks_max`` held ledgers is read a pass, in turns. What is deleted is a
+``gc_overreplicated_wait_s`` (one day). They are looked for every quarter of that time (the
+first time a quarter after the first pass): the metadata of at most
+``gc_overreplicated_checks_max`` held ledgers is read then, in turns. What is deleted is a
 copy the metadata no longer counts: every entry still has its write quorum's copies on the
 bookies the ensembles name. A copy a replication worker is writing here is not extra yet: the
 worker holds the ledger's mark while it copies. So a ledger due for deletion is checked once
@@ -60,6 +61,7 @@ from ..metadata.underreplication import read_mark
 log = logging.getLogger(__name__)
 
 ORPHANS_LISTED_MAX = 100  # ids of orphans kept in the figures (all are counted)
+_EXTRA_CHECKS_PER_WAIT = 4  # extra copies are looked for every gc_overreplicated_wait_s / 4
 
 
 class GarbageCollector:
@@ -100,6 +102,7 @@ class GarbageCollector:
         # Held ledgers seen as extra copies: (metadata version, wall ms when first seen so).
         self._extra: dict[int, tuple[int, int]] = {}
         self._extra_cursor = -1  # the last ledger id checked: the next pass goes on after it
+        self._extra_next_ms: int | None = None  # when extra copies are checked next
 
     def statistics(self) -> dict[str, Any]:
         """Totals, the last pass's figures, the orphans now."""
@@ -169,8 +172,16 @@ class GarbageCollector:
         ledgers deleted and the deletes that failed."""
         wait_ms = self.config.gc_overreplicated_wait_s * 1000
         self._extra = {i: seen for i, seen in self._extra.items() if i in candidates}
-        if wait_ms <= 0 or not candidates:
+        if wait_ms <= 0:
             return [], 0
+        # Checked every quarter of the wait, the first time a quarter after the first pass:
+        # not every pass (a metadata read per held ledger), and never in a bookie's first
+        # minutes (nothing is a day old then).
+        if self._extra_next_ms is None:
+            self._extra_next_ms = now_ms + int(wait_ms / _EXTRA_CHECKS_PER_WAIT)
+        if now_ms < self._extra_next_ms or not candidates:
+            return [], 0
+        self._extra_next_ms = now_ms + int(wait_ms / _EXTRA_CHECKS_PER_WAIT)
         ordered = sorted(candidates)
         start = next((n for n, i in enumerate(ordered) if i > self._extra_cursor), 0)
         turn = (ordered[start:] + ordered[:start])[: self.config.gc_overreplicated_checks_max]
