@@ -207,7 +207,7 @@ def test_a_multi_add_answers_each_part_as_if_it_had_come_alone_once_all_are_dura
     assert h.send(MultiAddRequest, []).results == []  # nothing to add: answered at once
 
 
-def _multi_parts(h: Harness, ledgers: int) -> list:
+def _multi_parts(ledgers: int) -> list:
     """One single-entry add batch to each of ``ledgers`` ledgers, as a multi's parts."""
     parts = []
     for lid in range(L, L + ledgers):
@@ -218,7 +218,7 @@ def _multi_parts(h: Harness, ledgers: int) -> list:
 
 def test_a_multi_add_journals_each_part_but_waits_on_one_callback():
     h = Harness()
-    parts = _multi_parts(h, 3)
+    parts = _multi_parts(3)
     parts.insert(
         1, as_part(AddRequest(0, L, 5, 0, OTHER_KEY, 4, b"k", entry_digest(L, 5, 4, b"k")))
     )
@@ -234,7 +234,7 @@ def test_a_multi_add_journals_each_part_but_waits_on_one_callback():
 
 def test_a_multi_add_whose_journal_write_fails_answers_io_error_for_its_stored_parts():
     h = Harness()
-    parts = _multi_parts(h, 2)
+    parts = _multi_parts(2)
     parts.append([ReadRequest.OP, L, 0, 0, None, -1, 0])  # refused alone: keeps its status
     h.send(MultiAddRequest, parts, sync=False)
     h.journal.sync(OSError("disk gone"))
@@ -260,7 +260,7 @@ def test_a_multi_add_meeting_a_failed_journal_answers_every_stored_part_once():
     h = Harness()
     h.journal = h.handler.journal = FailingJournal(fail_after=2)
     h.handler._on_fatal = fatal.append
-    h.send(MultiAddRequest, _multi_parts(h, 3), sync=False)
+    h.send(MultiAddRequest, _multi_parts(3), sync=False)
     (reply,) = decode_all(encode(h.replies[0]))  # at once: no part is known durable
     assert [r.status for r in multi_add_results(reply)] == [StatusCode.IO_ERROR] * 3
     assert len(fatal) == 1 and h.handler.statistics()["io_errors"] == 1
