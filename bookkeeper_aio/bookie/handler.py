@@ -340,7 +340,7 @@ class RequestHandler:
 
     def forget(self, ledger_id: int) -> None:
         """Drop a deleted ledger from the cache (the engine deletes its data) and remember
-        that it was deleted: adds to it are refused from now on (see ``_add_entries``)."""
+        that it was deleted: adds to it are refused from now on (see ``_store``)."""
         state = self._ledgers.pop(ledger_id, None)
         if state is not None:
             state.move_to(LedgerView.DELETED)
@@ -357,17 +357,7 @@ class RequestHandler:
         if self.trace is not None:
             reply = TracedReply(self.trace, reply, req.ledger_id, req.entry_id, 1)
         answer, record = self._stage_add(req)
-        if record is None:
-            reply(answer)
-            return
-
-        def durable(exc: BaseException | None) -> None:
-            reply(answer if exc is None else _failed_answer(answer))
-            self.add_latency.observe(self._clock() - started)
-
-        if type(reply) is TracedReply:  # before: the journal thread may take it at once
-            reply.queued_now()
-        self.journal.append(*record, durable)
+        self._answer_when_durable(answer, record, reply, started)
 
     def _add_batch(self, req: AddBatchRequest, reply: Reply, peer: Peer) -> None:
         """Each entry as :meth:`_add` would; one journal record for the stored ones and one
@@ -378,6 +368,13 @@ class RequestHandler:
         if self.trace is not None and entries:
             reply = TracedReply(self.trace, reply, req.ledger_id, entries[0][0], len(entries),
                                 handled)  # fmt: skip
+        self._answer_when_durable(answer, record, reply, started)
+
+    def _answer_when_durable(
+        self, answer: Message, record: tuple[int, Body] | None, reply: Reply, started: float
+    ) -> None:
+        """Reply ``answer`` now if there is no journal ``record`` to wait for, else once the
+        record is durable (its stored entries IO_ERROR if the journal fails)."""
         if record is None:
             reply(answer)
             return
