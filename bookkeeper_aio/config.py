@@ -207,6 +207,7 @@ class BookieConfig(AutorecoverySettings):
     # 0: the integrity check runs at boot only.
     ZERO_ALLOWED: ClassVar[frozenset[str]] = AutorecoverySettings.ZERO_ALLOWED | {
         "data_integrity_check_interval_s",
+        "engine_write_rate_bytes_per_s",
         "gc_interval_s",
         "gc_overreplicated_wait_s",
         "scrub_interval_s",
@@ -226,6 +227,12 @@ class BookieConfig(AutorecoverySettings):
     # before they reach RocksDB (any read, sync or delete writes it first); 1: each at once.
     # One add at a time: ~25 us less CPU per add and bookie (docs/engines.md).
     engine_write_behind_bytes: int = 1 * MiB
+    # rocksdb: its flushes and compactions write at most this fast per ledger dir (RocksDB's
+    # rate limiter, in bursts of 4 ms), so the journal's fdatasyncs on the same disk do not
+    # wait behind megabytes of SST writes: open-loop p99 at 8,000 adds/s ~77 -> ~30 ms on the
+    # benchmarks' VM (docs/performance.md). The flushes must keep up with the adds (entries/s
+    # x entry bytes, plus compactions with many ledgers). 0: no limit.
+    engine_write_rate_bytes_per_s: int = 64 * MiB
 
     # Wire limits.
     frame_bytes_max: int = 5 * MiB  # like BookKeeper's nettyMaxFrameSizeBytes

@@ -22,6 +22,7 @@ def open_engine(
     direct_io: bool = True,
     blob_files: bool = False,
     write_behind_bytes: int = 0,
+    write_rate_bytes_per_s: int = 0,
 ) -> Engine:
     """Open the named engine over ``ledger_dirs`` (one engine per dir, sharded if several).
 
@@ -32,6 +33,8 @@ def open_engine(
     rocksdb keeps payloads in blob files (engines/rocksdb.py); the other engines ignore it.
     ``write_behind_bytes``: rocksdb, journaled only: puts gather in one write batch up to this
     many bytes before they reach the DB (reads write it first); the other engines ignore it.
+    ``write_rate_bytes_per_s``: rocksdb: its flushes and compactions write at most this fast
+    (0: no limit); the other engines ignore it.
 
     Raises:
         ConfigError: unknown engine name or no ledger dir.
@@ -53,7 +56,8 @@ def open_engine(
 
         def make(d: str) -> Engine:
             return RocksDBEngine(d, wal=not journaled, direct_io=direct_io, blob_files=blob_files,
-                                 write_behind_bytes=write_behind_bytes)  # fmt: skip
+                                 write_behind_bytes=write_behind_bytes,
+                                 write_rate_bytes_per_s=write_rate_bytes_per_s)  # fmt: skip
     else:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
     shards: list[Engine] = []

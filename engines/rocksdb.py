@@ -158,6 +158,7 @@ _IMMUTABLE_PAUSE = 3
 _L0_FILES_COMPACTED = 16  # level-0 SSTs that start a compaction (_level0)
 _L0_FILES_SLOWDOWN = 40
 _L0_FILES_STOP = 64
+_RATE_REFILL_US = 4000  # the rate limiter's period: a burst is 4 ms of the rate (_pace_writes)
 _BLOB_GC_AGE_CUTOFF = 0.25  # COPIES_CF: RocksDB's default, the oldest quarter's payloads move
 
 
@@ -194,6 +195,7 @@ class RocksDBEngine:
         blob_files: bool = False,
         batch_cache_bytes: int = 8 << 20,
         write_behind_bytes: int = 0,
+        write_rate_bytes_per_s: int = 0,
     ) -> None:
         self.directory = os.path.abspath(directory)
         self._wal = wal
@@ -203,7 +205,9 @@ class RocksDBEngine:
         self._staged: WriteBatch | None = None  # writes not in the DB yet (under _lock)
         self._staged_bytes = 0
         os.makedirs(self.directory, exist_ok=True)
-        self._db: Rdict | None = _open_db(self.directory, memtable_bytes, direct_io, blob_files)
+        self._db: Rdict | None = _open_db(
+            self.directory, memtable_bytes, direct_io, blob_files, write_rate_bytes_per_s
+        )
         self._infos_db: Rdict | None = self._db.get_column_family(INFOS_CF)
         self._infos_cf: ColumnFamily | None = self._db.get_column_family_handle(INFOS_CF)
         self._batches_db: Rdict | None = self._db.get_column_family(BATCHES_CF)
@@ -702,7 +706,9 @@ def _stored_bytes(*families: Rdict) -> int:
     return total
 
 
-def _open_db(directory: str, memtable_bytes: int, direct_io: bool, blob_files: bool) -> Rdict:
+def _open_db(
+    directory: str, memtable_bytes: int, direct_io: bool, blob_files: bool, write_rate: int
+) -> Rdict:
     opts = Options(raw_mode=True)  # bytes keys in bytewise order; no pickling
     opts.create_if_missing(True)
     # Small memtables (RocksDB's default is 64 MiB): each flush writes and fsyncs its SST while
@@ -727,6 +733,8 @@ def _open_db(directory: str, memtable_bytes: int, direct_io: bool, blob_files: b
         opts.set_use_direct_io_for_flush_and_compaction(True)
     opts.set_wal_recovery_mode(DBRecoveryMode.point_in_time())  # the default; we rely on it
     _level0(opts)
+    if write_rate > 0:
+        _pace_writes(opts, write_rate)
     if blob_files:
         # Entry records of BLOB_BYTES_MIN or more go to blob files at flush; SSTs keep keys and
         # blob references. With many ledgers written at once every flushed SST spans them all,
@@ -801,6 +809,20 @@ def _level0(options: Options) -> None:
     options.set_level_zero_file_num_compaction_trigger(_L0_FILES_COMPACTED)
     options.set_level_zero_slowdown_writes_trigger(_L0_FILES_SLOWDOWN)
     options.set_level_zero_stop_writes_trigger(_L0_FILES_STOP)
+
+
+def _pace_writes(options: Options, rate: int) -> None:
+    """Flushes and compactions write at most ``rate`` bytes a second, in bursts of what
+    ``_RATE_REFILL_US`` holds (flushes first: RocksDB's rate limiter), so that the journal's
+    fdatasyncs, on the same disk, do not wait behind them. On the benchmarks' VM an fdatasync
+    waits for every write the disk holds: a flush written at full speed (8 MiB in 1 MiB
+    writes) made one-record fdatasyncs beside it take 30-60 ms at p99 (a standalone loop; 0.7
+    ms without), the same bytes spread at 64 MiB/s 3 ms. `benchmarks breakdown --rate 8000`,
+    alternated: p99 59-168 ms (median of 7: 77) unlimited, 17-88 (43) at 64 MiB/s, 12-26 at
+    32 MiB/s; peak `writes` the same at 64 (34k against 31-37k entries/s), capped at 32 (29k:
+    the flushes' own rate). RocksDB's auto-tuned limiter adapts too slowly (+5 % per 100
+    refills): peak writes fell to 19k (docs/performance.md)."""
+    options.set_ratelimiter(rate, _RATE_REFILL_US, 10)  # 10: RocksDB's default fairness
 
 
 def _payload_options(memtable_bytes: int) -> Options:

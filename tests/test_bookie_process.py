@@ -234,3 +234,12 @@ def test_a_negative_engine_write_behind_is_refused():
     with pytest.raises(ConfigError, match="engine_write_behind_bytes"):
         BookieConfig(engine_write_behind_bytes=-1).validate()
     BookieConfig(engine_write_behind_bytes=1).validate()  # 1: every put at once
+
+
+def test_the_engine_write_rate_may_be_zero_but_not_negative():
+    from bookkeeper_aio.config import BookieConfig
+    from bookkeeper_aio.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="engine_write_rate_bytes_per_s must be >= 0"):
+        BookieConfig(engine_write_rate_bytes_per_s=-1).validate()
+    BookieConfig(engine_write_rate_bytes_per_s=0).validate()  # 0: no limit

@@ -27,3 +27,22 @@ def test_unclean_shutdown_marker_in_every_ledger_dir(tmp_path: Path) -> None:
         return seen
 
     assert asyncio.run(scenario()) == [False, True, True, False]
+
+
+def test_every_ledger_dir_paces_its_engine_writes_at_the_configured_rate(tmp_path: Path) -> None:
+    dirs = (str(tmp_path / "a"), str(tmp_path / "b"))
+    paced = BookieConfig(ledger_dirs=dirs, journal_dir=str(tmp_path / "j"))
+    unlimited = paced.replace(engine_write_rate_bytes_per_s=0)
+
+    async def limiters(config: BookieConfig) -> list[str]:
+        storage = DiskStorage(config)
+        engine, journal, _ = await storage.open(lambda full: None, lambda exc: None)
+        await journal.close()
+        await storage.close_engine(engine)
+        return [line.split("Options.rate_limiter:")[1].strip()
+                for d in dirs for line in (Path(d) / "LOG").read_text().splitlines()
+                if "Options.rate_limiter:" in line]  # fmt: skip
+
+    assert paced.engine_write_rate_bytes_per_s > 0
+    assert [limiter != "(nil)" for limiter in asyncio.run(limiters(paced))] == [True, True]
+    assert asyncio.run(limiters(unlimited)) == ["(nil)", "(nil)"]

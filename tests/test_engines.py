@@ -372,6 +372,24 @@ def test_rocksdb_compacts_level_0_sixteen_flushes_at_a_time(tmp_path: Path) -> N
     assert "level0_slowdown_writes_trigger=40" in text and "level0_stop_writes_trigger=64" in text
 
 
+def test_rocksdb_paces_its_flushes_at_the_write_rate(tmp_path: Path) -> None:
+    def flush(directory: Path, rate: int) -> tuple[float, str]:
+        e = RocksDBEngine(str(directory), wal=False, write_rate_bytes_per_s=rate)
+        e.put_entries(1, [(i, os.urandom(64 * 1024)) for i in range(32)])  # 2 MiB
+        started = time.monotonic()
+        e.sync()  # without the WAL: a memtable flush, its SST written through the limiter
+        elapsed = time.monotonic() - started
+        e.close()
+        (limiter,) = [line for line in (directory / "LOG").read_text().splitlines()
+                      if "Options.rate_limiter:" in line]  # fmt: skip
+        return elapsed, limiter
+
+    # 2 MiB at 4 MiB/s cannot be written in less than half a second, whatever the disk.
+    elapsed, limiter = flush(tmp_path / "paced", 4 << 20)
+    assert elapsed >= 0.4 and "(nil)" not in limiter
+    assert "(nil)" in flush(tmp_path / "unlimited", 0)[1]
+
+
 def test_rocksdb_with_blob_files_keeps_payloads_out_of_its_ssts(tmp_path: Path) -> None:
     records = {i: os.urandom(1000) for i in range(100)}
     e = RocksDBEngine(str(tmp_path), wal=False, blob_files=True)
