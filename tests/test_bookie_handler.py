@@ -333,6 +333,18 @@ def test_a_deleted_ledger_is_not_created_again_by_a_late_add():
     assert h.add(1).status == StatusCode.OK
 
 
+def test_an_extra_copy_deleted_here_takes_copies_again_but_no_writer_adds():
+    # The GC deleted this bookie's extra copy of a ledger that lives on: a replication worker
+    # may choose this bookie as a target again (refused, its job failed until a restart).
+    h = Harness()
+    h.add(0)
+    h.handler.forget(L, copies_welcome=True)
+    h.engine.delete_ledger(L)
+    assert h.add(1).status == StatusCode.FENCED  # a writer that outlived it: still refused
+    assert h.add(1, flags=ADD_FLAG_RECOVERY).status == StatusCode.OK  # a copy: taken
+    assert h.engine.get_entry(L, 1) is not None
+
+
 def test_fence_reply_waits_for_the_journal():
     h = Harness()
     h.add(0)

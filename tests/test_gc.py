@@ -61,7 +61,7 @@ class Clock:
 def _collector(store: MetadataStore, engine: MemoryEngine, clock: Clock, hold=None,
                **config: object):  # fmt: skip
     checkpoints: list[int] = []
-    forgotten: list[int] = []
+    forgotten: list[tuple[int, bool]] = []  # (ledger, copies of it welcome)
 
     async def checkpoint() -> None:
         checkpoints.append(len(engine.ledgers()))
@@ -71,7 +71,8 @@ def _collector(store: MetadataStore, engine: MemoryEngine, clock: Clock, hold=No
 
     settings: dict[str, object] = {"listen": ME, "ledger_dirs": ("x",), "engine": "memory"}
     cfg = BookieConfig(**{**settings, **config})  # type: ignore[arg-type]
-    gc = GarbageCollector(cfg, engine, store, incarnation="i1", forget=forgotten.append,
+    gc = GarbageCollector(cfg, engine, store, incarnation="i1",
+                          forget=lambda lid, extra: forgotten.append((lid, extra)),
                           hold=hold or (lambda ledger_id, held: None), checkpoint=checkpoint,
                           reclaim=reclaim, wall_clock_ms=clock)  # fmt: skip
     return gc, checkpoints, forgotten
@@ -101,7 +102,7 @@ async def test_only_explicitly_tombstoned_ledgers_are_deleted(store):
     figures = await gc.collect()
     assert figures["ledgers_deleted"] == 1 and figures["orphans"] == 2
     assert figures["orphan_ids"] == sorted([orphan, 12345])
-    assert engine.ledgers() == sorted([live, orphan, 12345]) and forgotten == [doomed]
+    assert engine.ledgers() == sorted([live, orphan, 12345]) and forgotten == [(doomed, False)]
     assert checkpoints == [3]  # the delete made durable before the confirmation
     stone = await read_tombstone(store, doomed)
     assert stone is not None and stone.value.confirmed == (ME,)  # the peer has not confirmed
@@ -200,7 +201,7 @@ async def test_an_extra_copy_is_deleted_after_a_day_unchanged(store):
     clock.ms += QUARTER_MS  # a day since it was first seen extra
     last = await gc.collect()
     assert (last["extra_copies_deleted"], last["extra_copies_waiting"]) == (1, 0)
-    assert engine.ledgers() == [mine] and forgotten == [extra] and checkpoints
+    assert engine.ledgers() == [mine] and forgotten == [(extra, True)] and checkpoints
     assert events == [("hold", extra), ("release", extra)]  # adds refused while deleting
     assert gc.statistics()["extra_copies_deleted"] == 1
     assert (await store.read_ledger(extra)).value.ensembles == ((0, (PEER, OTHER)),)  # untouched
@@ -230,7 +231,7 @@ async def test_an_extra_copy_is_kept_while_open_marked_changing_or_switched_off(
     current = await store.read_ledger(changing)  # autorecovery moved it meanwhile: a new version
     await store.write_ledger(changing, current.value, current.version)
     # Seen again from quarter 3 (this pass): a day later, at quarter 7.
-    assert await _deleted_at(gc, clock, 6) == [4] and forgotten == [changing]
+    assert await _deleted_at(gc, clock, 6) == [4] and forgotten == [(changing, True)]
     assert sorted(engine.ledgers()) == sorted([open_one, marked])
     off_engine = MemoryEngine()
     off, _, _ = _collector(store, off_engine, clock, gc_overreplicated_wait_s=0)

@@ -33,9 +33,12 @@ bookies the ensembles name. A copy a replication worker is writing here is not e
 worker holds the ledger's mark while it copies. So a ledger due for deletion is checked once
 more with adds to it refused by the handler (``hold``) and deleted before they are taken
 again: a copy begun since the first check shows as its mark, or is refused (the worker tries
-again later; after the delete the handler remembers the ledger as deleted) and never
-acknowledged and then deleted. The times seen are in memory: a restart waits the whole time
-again.
+again later) and never acknowledged and then deleted. After the delete the handler refuses
+writers' adds to the ledger (as to any ledger deleted here) but takes copies of it again: a
+worker that chose this bookie as a target from a check made before the delete finds, in the
+check that ends its job, what the delete took, and copies it (worker.py, step 6). (Refusing
+those copies too, as until 2026-11-27, kept such a job failing until the bookie restarted.)
+The times seen are in memory: a restart waits the whole time again.
 
 A bookie away longer than the TTL (its last pass, recorded in ``gc/bookies/<id>``, is older
 than that) may hold ledgers whose tombstones expired meanwhile: it cannot tell them from real
@@ -75,7 +78,7 @@ class GarbageCollector:
         metadata: MetadataStore,
         *,
         incarnation: str,
-        forget: Callable[[int], None],
+        forget: Callable[[int, bool], None],
         hold: Callable[[int, bool], None],
         checkpoint: Callable[[], Awaitable[None]],
         reclaim: Callable[[float], Awaitable[int]],
@@ -150,17 +153,20 @@ class GarbageCollector:
         await self._record_pass(now_ms)
         return figures
 
-    def _delete(self, ledger_ids: list[int], what: str = "tombstoned") -> tuple[list[int], int]:
+    def _delete(self, ledger_ids: list[int], extra: bool = False) -> tuple[list[int], int]:
+        """Delete the ledgers here (``extra``: extra copies of live ledgers, which the handler
+        then refuses adds to but takes copies of again); the deleted and the failures."""
         deleted, errors = [], 0
         for ledger_id in ledger_ids:
             try:
-                self._forget(ledger_id)
+                self._forget(ledger_id, extra)
                 self.engine.delete_ledger(ledger_id)
                 deleted.append(ledger_id)
             except OSError as exc:  # a failed dir: its ledgers are re-replicated elsewhere
                 errors += 1
                 log.error("gc: could not delete ledger %d: %s", ledger_id, exc)
         if deleted:
+            what = "extra" if extra else "tombstoned"
             log.info("gc: bookie %s deleted %d %s ledgers: %s", self.bookie_id, len(deleted), what,
                      deleted[:ORPHANS_LISTED_MAX])  # fmt: skip
         return deleted, errors
@@ -200,7 +206,7 @@ class GarbageCollector:
                 self._hold(ledger_id, True)
                 try:
                     if await self._extra_version(ledger_id) == version:
-                        done, failed = self._delete([ledger_id], "extra")
+                        done, failed = self._delete([ledger_id], extra=True)
                         deleted += done
                         errors += failed
                 finally:

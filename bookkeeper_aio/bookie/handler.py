@@ -163,7 +163,7 @@ class RequestHandler:
         self._clock = perf_counter if timed else no_clock
         self._ledgers: dict[int, LedgerState] = {}  # oldest loaded first (evicted first)
         # Ledgers deleted by GC, oldest first (bounded): their fence went with their data.
-        self._deleted: dict[int, None] = {}
+        self._deleted: dict[int, bool] = {}  # deleted ledger -> copies of it welcome (forget)
         self._held_adds: set[int] = set()  # ledgers whose adds are refused for now (hold_adds)
         self._on_fatal = on_fatal
         # Set by the bookie: a ledger learned of (its metadata is to be read), the scrubber's
@@ -338,15 +338,17 @@ class RequestHandler:
         else:
             self._held_adds.discard(ledger_id)
 
-    def forget(self, ledger_id: int) -> None:
+    def forget(self, ledger_id: int, copies_welcome: bool = False) -> None:
         """Drop a deleted ledger from the cache (the engine deletes its data) and remember
-        that it was deleted: adds to it are refused from now on (see ``_store``)."""
+        that it was deleted: adds to it are refused from now on (see ``_store``), and so are
+        recovery adds unless ``copies_welcome``: the GC deleted an extra copy of a ledger that
+        lives on, which autorecovery may copy here again (gc.py)."""
         state = self._ledgers.pop(ledger_id, None)
         if state is not None:
             state.move_to(LedgerView.DELETED)
             state.wake_waiters()
         self._deleted.pop(ledger_id, None)
-        self._deleted[ledger_id] = None
+        self._deleted[ledger_id] = copies_welcome
         while len(self._deleted) > self.config.deleted_ledgers_remembered_max:
             del self._deleted[next(iter(self._deleted))]
 
@@ -542,11 +544,13 @@ class RequestHandler:
             return self._refused(statuses), []
         state = self.ledger(lid)
         refusal = None
-        if (state is None and lid in self._deleted) or (self._held_adds and lid in self._held_adds):
+        gone = state is None and lid in self._deleted and not (recovery and self._deleted[lid])
+        if gone or (self._held_adds and lid in self._held_adds):
             # A writer that outlived its ledger: the ledger was closed (its fence, deleted
             # with the data, had refused this add) and then deleted. Creating it again would
             # acknowledge an entry of a closed ledger (NoDivergenceBetweenClientAndMetaData).
-            # Or the GC is about to delete this bookie's extra copy of it (hold_adds).
+            # Or the GC is about to delete this bookie's extra copy of it (hold_adds). A
+            # copy of a ledger whose extra copy was deleted here is welcome: it lives on.
             refusal = StatusCode.NO_SUCH_LEDGER if recovery else StatusCode.FENCED
             return self._refused([refusal if s is OK else s for s in statuses]), []
         if state is None:
