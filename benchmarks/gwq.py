@@ -9,7 +9,10 @@ ensemble slow — frozen (SIGSTOP) for ``SLOW_STOP_MS`` of every
 request to time out. Each phase is the ``writes`` load (``append_callback``, closed loop at
 ``--outstanding`` after ``--warmup``) on fresh ledgers, while the writers' pending payload
 bytes are sampled every ``SAMPLE_S``: the client memory GWQ costs (an add stays until WQ
-bookies hold it, not AQ). The result gives GWQ / normal ratios per condition (same run, same
+bookies hold it, not AQ). The client's pending bounds admit ``PENDING_PER_OUTSTANDING`` times
+``--outstanding``: behind a bookie slower than the load, a GWQ writer's pending adds grow
+until that bound, where an application's ``append()`` would wait (the load's
+``append_callback`` would be refused). The result gives GWQ / normal ratios per condition (same run, same
 cluster). Each condition runs four phases of ``--duration / 2`` in the order normal, GWQ,
 GWQ, normal, and each mode's figures are the mean of its two (``pending_mib_max`` and
 ``max_ms`` the larger): a cluster slows down over a run (RocksDB compactions, the VM's slow
@@ -41,6 +44,7 @@ from .stats import print_table, write_json
 SLOW_STOP_MS = 10.0
 SLOW_PERIOD_MS = 40.0
 SAMPLE_S = 0.01
+PENDING_PER_OUTSTANDING = 50  # the client's pending bounds, per add kept in flight
 MiB = 1 << 20
 PHASES = (("healthy", False), ("healthy", True), ("slow", False), ("slow", True))  # printed
 ORDER = (False, True, True, False)  # the modes of one condition's phases (ABBA)
@@ -81,7 +85,17 @@ async def measure_gwq(
 
 async def _measure(uri: str, args: argparse.Namespace, gwq: bool) -> dict[str, Any]:
     payloads = payload_pool(args.entry_size)
-    async with BookKeeper.connect(uri, client_config(args.outstanding, args.entry_size)) as bk:
+    # A GWQ add stays pending after its acknowledgement until WQ bookies hold it: behind a slow
+    # bookie far more than --outstanding are pending (10,000, the client's default bound, in a
+    # `make bench` of 2026-11-27: 1,768 sends refused). Room for PENDING_PER_OUTSTANDING times
+    # as many, so the phase measures what GWQ holds instead of counting refusals.
+    config = client_config(args.outstanding, args.entry_size)
+    room = PENDING_PER_OUTSTANDING * args.outstanding
+    config = config.replace(
+        adds_pending_max=max(config.adds_pending_max, room),
+        adds_pending_bytes_max=max(config.adds_pending_bytes_max, room * args.entry_size),
+    )
+    async with BookKeeper.connect(uri, config) as bk:
         quorums = (args.ensemble, args.write_quorum, args.ack_quorum)
         writers = [
             await bk.create_ledger(*quorums, password=PASSWORD, guaranteed_write_quorum=gwq)
