@@ -9,16 +9,16 @@ ensemble slow — frozen (SIGSTOP) for ``SLOW_STOP_MS`` of every
 request to time out. Each phase is the ``writes`` load (``append_callback``, closed loop at
 ``--outstanding`` after ``--warmup``) on fresh ledgers, while the writers' pending payload
 bytes are sampled every ``SAMPLE_S``: the client memory GWQ costs (an add stays until WQ
-bookies hold it, not AQ). The client's pending bounds admit ``PENDING_PER_OUTSTANDING`` times
-``--outstanding``: behind a bookie slower than the load, a GWQ writer's pending adds grow
-until that bound, where an application's ``append()`` would wait (the load's
-``append_callback`` would be refused). The result gives GWQ / normal ratios per condition (same run, same
-cluster). Each condition runs four phases of ``--duration / 2`` in the order normal, GWQ,
-GWQ, normal, and each mode's figures are the mean of its two (``pending_mib_max`` and
-``max_ms`` the larger): a cluster slows down over a run (RocksDB compactions, the VM's slow
-stretches), and measured in the order normal then GWQ, that trend alone made GWQ look 36 %
-slower; the mirrored order cancels a linear trend. With ``--metadata`` there are no bookie
-processes to slow: the slow phases are skipped.
+bookies hold it, not AQ). The client's pending and backlog bounds admit
+``PENDING_PER_OUTSTANDING`` times ``--outstanding``: behind a bookie slower than the load, a
+GWQ writer's pending adds grow until that bound, where an application's ``append()`` would
+wait (the load's ``append_callback`` would be refused). The result gives GWQ / normal ratios
+per condition (same run, same cluster). Each condition runs four phases of ``--duration /
+2`` in the order normal, GWQ, GWQ, normal, and each mode's figures are the mean of its two
+(``pending_mib_max`` and ``max_ms`` the larger): a cluster slows down over a run (RocksDB
+compactions, the VM's slow stretches), and measured in the order normal then GWQ, that
+trend alone made GWQ look 36 % slower; the mirrored order cancels a linear trend. With
+``--metadata`` there are no bookie processes to slow: the slow phases are skipped.
 """
 
 from __future__ import annotations
@@ -86,14 +86,16 @@ async def measure_gwq(
 async def _measure(uri: str, args: argparse.Namespace, gwq: bool) -> dict[str, Any]:
     payloads = payload_pool(args.entry_size)
     # A GWQ add stays pending after its acknowledgement until WQ bookies hold it: behind a slow
-    # bookie far more than --outstanding are pending (10,000, the client's default bound, in a
-    # `make bench` of 2026-11-27: 1,768 sends refused). Room for PENDING_PER_OUTSTANDING times
-    # as many, so the phase measures what GWQ holds instead of counting refusals.
+    # bookie far more than --outstanding are pending, and the slow bookie's backlog grows with
+    # them (a `make bench` of 2026-11-27: 1,768 sends refused at the client's 10,000). Room for
+    # PENDING_PER_OUTSTANDING times as many, so the phase measures what GWQ holds.
     config = client_config(args.outstanding, args.entry_size)
     room = PENDING_PER_OUTSTANDING * args.outstanding
+    room_bytes = room * args.entry_size
     config = config.replace(
         adds_pending_max=max(config.adds_pending_max, room),
-        adds_pending_bytes_max=max(config.adds_pending_bytes_max, room * args.entry_size),
+        adds_pending_bytes_max=max(config.adds_pending_bytes_max, room_bytes),
+        bookie_backlog_bytes_max=max(config.bookie_backlog_bytes_max, room_bytes),
     )
     async with BookKeeper.connect(uri, config) as bk:
         quorums = (args.ensemble, args.write_quorum, args.ack_quorum)
