@@ -171,6 +171,42 @@ def test_the_writer_marks_entries_acknowledged_without_a_failed_copy() -> None:
     simulate(body)
 
 
+def test_a_reader_of_an_open_ledger_marks_no_replica_that_is_behind_the_writer() -> None:
+    """A tailing reader asks a replica for an entry the LAC covers before the writer's add
+    reached it (AQ bookies acknowledged it): "no such entry" there is a replica behind, not a
+    copy short (`make bench` of 2026-11-27: 78 marks of a healthy ledger in its tail phase).
+    Once the ledger is closed, a replica without an entry is short."""
+
+    async def body(world: World) -> None:
+        bk = world.client("writer")
+        w = await bk.create_ledger(3, 3, 2, PW)
+        await w.append(b"e0")
+        behind = world.bookie_at(w.metadata.ensembles[0][1][1])
+        world.net.slow_link_s[("writer", behind.name)] = 2.0  # the writer's adds to it lag
+        for i in range(1, 7):
+            await w.append(f"e{i}".encode())  # acknowledged by the two others
+        reader_bk = world.client("reader")
+        reader = await reader_bk.open_ledger(w.ledger_id, PW, recovery=False)
+        assert await reader.read_last_add_confirmed() >= 5
+        entries = await reader.read(1, 5)
+        assert [e.payload for e in entries] == [f"e{i}".encode() for i in range(1, 6)]
+        assert not behind.stored(w.ledger_id, 1)  # it was asked, and is behind
+        assert not await marks(world)
+        world.net.slow_link_s.clear()
+        await w.close()
+        await close_client(bk)
+        drop_entries(behind, w.ledger_id)  # now it is short for good
+        reader = await reader_bk.open_ledger(w.ledger_id, PW, recovery=False)
+        await reader.read(0, 6)
+        await close_client(reader_bk)
+        found = await marks(world)
+        assert [(m.ledger_id, m.missing[0].bookie, m.missing[0].reasons) for m in found] == [
+            (w.ledger_id, behind.address, ("read error",))
+        ]
+
+    simulate(body)
+
+
 def test_a_reader_marks_a_replica_with_a_corrupt_copy_and_a_worker_repairs_it() -> None:
     async def body(world: World) -> None:
         lid = await write(world, 4)

@@ -86,10 +86,12 @@ class LedgerReader:
             async with window:  # a long range must not exceed the connections' bounds
                 if entry_id > lac:
                     return await read_entry(self.ctx, md, entry_id)
-                # It exists: a replica without it is short, one with a bad copy is repaired
-                # (BP-31: detection and repair in the read path).
+                # It exists: a replica with a bad copy is repaired, one without it is short
+                # (BP-31: detection and repair in the read path) once the ledger is closed;
+                # before, it may only be behind the writer (which reports its own failures).
                 return await read_entry(self.ctx, md, entry_id, short.add,
-                                        repair.note if repair else None)  # fmt: skip
+                                        repair.note if repair else None,
+                                        missing_is_short=md.is_closed)  # fmt: skip
 
         try:
             return list(await asyncio.gather(*(one(e) for e in range(first, last + 1))))

@@ -50,6 +50,8 @@ SHORT_COPY_STATUSES = frozenset(
         StatusCode.BAD_DIGEST,
     }
 )
+# Of those, the answers of a replica that lacks the entry (maybe only for now: see read_entry).
+MISSING_STATUSES = frozenset({StatusCode.NO_SUCH_ENTRY, StatusCode.NO_SUCH_LEDGER})
 # Of those, the answers of a replica that holds the entry but cannot give it intact: its copy
 # is rewritten from a good one (read repair). A missing copy is autorecovery's (marks).
 BAD_COPY_STATUSES = frozenset({StatusCode.OK, StatusCode.IO_ERROR, StatusCode.BAD_DIGEST})
@@ -130,12 +132,16 @@ async def read_entry(
     entry_id: int,
     short: Callable[[str, int], None] | None = None,
     repair: Repair | None = None,
+    *,
+    missing_is_short: bool = True,
 ) -> LedgerEntry:
     """A verified copy of ``entry_id`` (see the module docstring). ``short(bookie, entry)``
     is told of every replica that answered with an error, "no such entry" or a corrupt copy
     (the caller knows the entry exists: BP-31 read-path detection); with ``repair``, the
     replicas whose copy is bad go to ``repair(entry, good copy, bookies)`` instead once a good
-    copy is found (and to ``short`` if none is).
+    copy is found (and to ``short`` if none is). Not ``missing_is_short``: "no such entry" or
+    "no such ledger" is not short (an open ledger's replica may be behind its writer, which
+    reports the copies it fails to make itself).
 
     Raises:
         NoSuchEntryError: every replica says it does not have the entry.
@@ -176,6 +182,8 @@ async def read_entry(
                 negatives += status is not None and is_explicit_negative(status)
                 if short is None or status not in SHORT_COPY_STATUSES:
                     continue
+                if not missing_is_short and status in MISSING_STATUSES:
+                    continue  # maybe behind the writer: not short (yet)
                 if repair is not None and status in BAD_COPY_STATUSES:
                     bad.append(asked[task])
                 else:

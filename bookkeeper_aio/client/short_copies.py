@@ -6,7 +6,8 @@ Theory of operation
 A writer learns that an entry has fewer than WQ copies when a bookie of its write set fails
 *after* the entry reached AQ (BookKeeper only logs that, so the ledger stays short until a
 periodic check, if ever). A reader learns it when a replica of an entry below the LAC answers
-with an error, "no such entry", or a copy whose digest is wrong. Both note ``(bookie, entry)``
+with an error or a copy whose digest is wrong, or, once the ledger is closed, "no such entry"
+(in an open ledger that replica may only be behind the writer). Both note ``(bookie, entry)``
 in a :class:`ShortCopies` and, at a point where it costs nothing on the hot path (after an
 ensemble change, at close, after a read), :meth:`ShortCopies.report` writes one mark per
 ledger (``metadata/underreplication.py``). Reporting is best effort: a failure is logged, and
