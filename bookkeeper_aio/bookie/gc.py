@@ -37,7 +37,7 @@ again later) and never acknowledged and then deleted. After the delete the handl
 writers' adds to the ledger (as to any ledger deleted here) but takes copies of it again: a
 worker that chose this bookie as a target from a check made before the delete finds, in the
 check that ends its job, what the delete took, and copies it (worker.py, step 6). (Refusing
-those copies too, as until 2026-11-27, kept such a job failing until the bookie restarted.)
+those copies too kept such a job failing until the bookie restarted.)
 The times seen are in memory: a restart waits the whole time again.
 
 A bookie away longer than the TTL (its last pass, recorded in ``gc/bookies/<id>``, is older
