@@ -246,6 +246,7 @@ def test_rereplication(tmp_path):
     result = json.loads(out.read_text())
     assert result["copied_mib"] >= 5 and result["copy_mb_per_s"] > 0  # the lost bookie's share
     assert result["restore_s"] > result["detect_s"] > 0 and result["disk_limit_mb_per_s"] > 0
+    assert result["fill_marked_ledgers"] == 0  # the fill left every copy made
 
 
 def test_scrub_with_and_without(tmp_path):
