@@ -817,12 +817,12 @@ def _pace_writes(options: Options, rate: int) -> None:
     fdatasyncs, on the same disk, do not wait behind them. On the benchmarks' VM an fdatasync
     waits for every write the disk holds: a flush written at full speed (8 MiB in 1 MiB
     writes) made a journal loop's records beside it wait 30-60 ms for their sync at p99 (a
-    standalone script; 1 ms without), the same bytes spread at 64 MiB/s 3 ms. At 64 MiB/s, alternated: `benchmarks
-    breakdown --rate 8000` p99 72-112 -> 16-85 ms, one ledger's peak `writes` +15 %, 100
-    ledgers' -7-12 % (their compactions share the limit; none with blob files). 32 MiB/s
-    capped one ledger at 29k entries/s, the flushes' own rate. RocksDB's auto-tuned limiter
-    adapts too slowly (+5 % per 100 refills): peak writes fell to 19k (docs/performance.md,
-    "The engine's writes, paced")."""
+    standalone script; 1 ms without), the same bytes spread at 64 MiB/s 3 ms. At 64 MiB/s,
+    alternated: `benchmarks breakdown --rate 8000` p99 72-112 -> 16-85 ms, one ledger's peak
+    `writes` +15 %, 100 ledgers' -7-12 % (their compactions share the limit; none with blob
+    files). 32 MiB/s capped one ledger at 29k entries/s, the flushes' own rate. RocksDB's
+    auto-tuned limiter adapts too slowly (+5 % per 100 refills): peak writes fell to 19k
+    (docs/performance.md, "The engine's writes, paced")."""
     options.set_ratelimiter(rate, _RATE_REFILL_US, 10)  # 10: RocksDB's default fairness
 
 
