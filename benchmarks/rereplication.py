@@ -159,7 +159,7 @@ async def _until(predicate: Any, since: float, timeout_s: float) -> float:
 
 
 async def _count_marks(bk: BookKeeper) -> int:
-    return len([key async for key in bk.ctx.metadata.list_prefix(MARKS_PREFIX)])
+    return sum([1 async for _ in bk.ctx.metadata.list_prefix(MARKS_PREFIX)])
 
 
 async def _any_mark(bk: BookKeeper) -> bool:
