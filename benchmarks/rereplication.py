@@ -15,7 +15,11 @@ limit). It reports:
 * ``restore_s`` — kill to WQ: the SLA figure;
 * ``copy_mb_per_s`` — bytes copied / ``copy_s``, and its ratio to the disk's limit;
 * ``fill_marked_ledgers`` — ledgers the fill itself left marked under-replicated (should be 0:
-  otherwise the first mark precedes the loss, and the figures above include that work).
+  otherwise the first mark precedes the loss, and the figures above include that work);
+* ``written_per_copied`` / ``read_per_copied`` — what the live bookies wrote to and read from
+  the disk (``/proc/PID/io``: journals, engines, compactions) from the kill until one
+  checkpoint interval after the restore (so that what the copies left in memtables is flushed
+  and counted), per byte copied: the targets' write amplification.
 
 The bookies and the copier share this machine's two cores and one disk: every copied byte is
 read from one bookie, sent to another, journaled with fdatasync and written to RocksDB there
@@ -81,11 +85,26 @@ async def run_rereplication(args: argparse.Namespace) -> dict[str, Any]:
 
 def _journal_batch(settings: list[str]) -> int:
     """The bookies' journal batch (what one fdatasync of theirs carries at most)."""
+    return int(_bookie_setting(settings, "journal_batch_bytes_max"))
+
+
+def _bookie_setting(settings: list[str], name: str) -> float:
+    """A numeric BookieConfig key as ``--bookie-set`` gives it, else its default."""
     for item in settings:
         key, _, value = item.partition("=")
-        if key.strip() == "journal_batch_bytes_max":
-            return int(value)
-    return BookieConfig().journal_batch_bytes_max
+        if key.strip() == name:
+            return float(value)
+    return float(getattr(BookieConfig(), name))
+
+
+def _io(pids: list[int]) -> tuple[int, int]:
+    """Bytes written and read from the disk by these processes so far (every thread)."""
+    written = read = 0
+    for pid in pids:
+        fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+        written += int(fields["write_bytes"]) - int(fields["cancelled_write_bytes"])
+        read += int(fields["read_bytes"])
+    return written, read
 
 
 async def _measure(cluster: Any, root: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -102,11 +121,16 @@ async def _measure(cluster: Any, root: Path, args: argparse.Namespace) -> dict[s
                   "detect_s and copy_s include them")  # fmt: skip
         victim.kill()
         killed = time.monotonic()
+        live = [b.proc.pid for b in cluster.bookies if b is not victim and b.proc is not None]
+        io0 = _io(live)
         with _autorecovery(cluster.uri, root, args):
             first_mark = await _until(lambda: _any_mark(bk), killed, 120)
             restored = await _until(lambda: _restored(bk, ids, victim.address), killed, 900)
             copied = await _copied(bk)
         await _verify(bk, ids, victim.address)
+        settle = _bookie_setting(args.bookie_set, "checkpoint_interval_s") + 1.0
+        await asyncio.sleep(max(0.0, restored + settle - time.monotonic()))
+        written, read = (after - before for after, before in zip(_io(live), io0, strict=True))
     copy_s = max(restored - first_mark, 1e-6)
     return {
         "lost_gib": round(held / (1 << 30), 3),
@@ -119,6 +143,8 @@ async def _measure(cluster: Any, root: Path, args: argparse.Namespace) -> dict[s
         "copied_mib": round(copied / MiB, 1),
         "copy_mb_per_s": round(copied / MiB / copy_s, 1),
         "fill_marked_ledgers": fill_marks,
+        "written_per_copied": round(written / max(copied, 1), 2),
+        "read_per_copied": round(read / max(copied, 1), 2),
     }
 
 
