@@ -49,8 +49,12 @@ RESPONSE_BIT = 0x80
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 UINT64_MAX = (1 << 64) - 1
 
-# Flags of AddRequest
+# Flags of AddRequest / AddBatchRequest
 ADD_FLAG_RECOVERY = 0x1
+# With ADD_FLAG_RECOVERY only (autorecovery's copies): answered once stored in the engine, not
+# journaled; durable with the bookie's next engine sync, which a ListEntriesRequest of the
+# ledger waits for (BookKeeper's DEFERRED_SYNC and force, docs/durability.md).
+ADD_FLAG_DEFERRED_SYNC = 0x2
 # Flags of ReadRequest / ReadLacRequest
 READ_FLAG_FENCE = 0x1
 READ_FLAG_LONG_POLL = 0x2

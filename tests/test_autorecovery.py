@@ -6,6 +6,7 @@ marks) as properties."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import logging
 from collections import Counter
@@ -17,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bookkeeper_aio.autorecovery import fragments as fr
+from bookkeeper_aio.autorecovery import worker as worker_module
 from bookkeeper_aio.autorecovery.checker import check_ledger
 from bookkeeper_aio.autorecovery.election import current_auditor
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
@@ -425,6 +427,64 @@ def test_two_workers_on_one_mark_copy_once() -> None:
         done = sum(w.counters["marks_done"] for w in workers)
         assert done == 1 and copied == 10, [w.statistics() for w in workers]
         assert await complete(world, lid)
+
+    simulate(body)
+
+
+@pytest.mark.parametrize("listing_syncs", [True, False])
+def test_copies_a_listing_reported_survive_a_crash_of_their_target(listing_syncs: bool) -> None:
+    """Copies go without the target's journal (ADD_FLAG_DEFERRED_SYNC). The target crashes
+    once right after a copy was answered, before any sync: the worker's listing finds them
+    gone and the job copies again. Once the mark is drained the target crashes again: what
+    the listings reported was durable. With ``listing_syncs=False`` (a listing that does not
+    wait for the sync, the bug this guards against) that second crash loses copies no mark
+    names: the test's own check can fail."""
+
+    async def body(world: World) -> None:
+        lid = await write(world, 20)
+        ensemble = world.ledger(lid).value.ensembles[0][1]
+        victim = world.bookie_at(ensemble[0])
+        (target,) = [b for b in world.bookies if b.address not in ensemble]
+        config = target.config()  # no checkpoint or GC sync during the test
+        target.config = lambda: dataclasses.replace(
+            config, checkpoint_interval_s=3600.0, gc_interval_s=0.0
+        )
+        target.crash(power_loss=False)
+        await target.start()
+        if not listing_syncs:
+            target.bookie.handler.deferred.pending = lambda ledger_id: False
+        real_copy = worker_module.copy_entries
+        crashed: list[int] = []
+
+        async def copy_then_crash(*args: Any, **kwargs: Any) -> None:
+            await real_copy(*args, **kwargs)
+            if not crashed:  # the copies answered, not yet synced: lost with the process
+                crashed.append(target.bookie.handler.counters["copies_deferred"])
+                target.crash(power_loss=False)
+                await target.start()
+                if not listing_syncs:
+                    target.bookie.handler.deferred.pending = lambda ledger_id: False
+
+        worker_module.copy_entries = copy_then_crash
+        try:
+            victim.lose()
+            ar = SimAutorecovery(world, "ar", CONFIG)
+            ar.start()
+            for _ in range(100):  # the registration's lease, then the delay
+                if crashed:
+                    break
+                await asyncio.sleep(0.2)
+            await drained(world)
+        finally:
+            worker_module.copy_entries = real_copy
+        assert crashed and crashed[0] > 0  # copies were deferred, then lost
+        worker = ar.service.worker.counters
+        assert worker["entries_copied"] >= 2 * 7 and worker["marks_failed"] >= 1, worker
+        assert victim.address not in world.ledger(lid).value.bookies()
+        assert await complete(world, lid)
+        target.crash(power_loss=False)  # no sync since the listings
+        await target.start()
+        assert await complete(world, lid) is listing_syncs
 
     simulate(body)
 

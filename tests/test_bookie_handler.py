@@ -16,6 +16,7 @@ from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.digest import LacProof, entry_digest, lac_digest, master_key, payload_digest
 from bookkeeper_aio.errors import JournalFailedError, StatusCode
 from bookkeeper_aio.protocol import (
+    ADD_FLAG_DEFERRED_SYNC,
     ADD_FLAG_RECOVERY,
     READ_FLAG_FENCE,
     READ_FLAG_LONG_POLL,
@@ -510,6 +511,76 @@ def test_list_entries_in_ranges_with_pagination():
     assert third.ranges == [] and third.next_entry_id == -1
     assert h.send(ListEntriesRequest, 99, 0, 10).status == StatusCode.NO_SUCH_LEDGER
     assert h.send(ListEntriesRequest, L, 0, 0).status == StatusCode.BAD_REQUEST
+
+
+DEFERRED = ADD_FLAG_RECOVERY | ADD_FLAG_DEFERRED_SYNC
+
+
+def test_a_deferred_sync_copy_is_answered_unjournaled_and_a_listing_syncs_it_first():
+    h = Harness()
+    h.add(0)  # a writer's add: journaled, then synced by nobody
+    reply = batch(h, [(1, b"a"), (2, b"b")], flags=DEFERRED, sync=False)
+    assert (reply.status, reply.statuses) == (StatusCode.OK, [StatusCode.OK] * 2)
+    assert h.journal.pending == []  # answered with no journal record
+    assert h.read(2).payload == b"b"
+    assert 2 not in h.engine.disk.entries.get(L, {})  # in the engine, not yet durable
+    listed = h.send(ListEntriesRequest, L, 0, 100)
+    assert listed.ranges == [[0, 2]]
+    assert set(h.engine.disk.entries[L]) == {0, 1, 2}  # synced before the answer
+    assert h.handler.statistics()["copies_deferred"] == 2
+    syncs = h.engine.disk.syncs
+    h.send(ListEntriesRequest, L, 0, 100)  # nothing deferred since: no sync
+    assert h.engine.disk.syncs == syncs
+
+
+def test_deferred_sync_is_refused_on_a_writers_add():
+    h = Harness()
+    reply = batch(h, [(0, b"a")], flags=ADD_FLAG_DEFERRED_SYNC)
+    assert reply.statuses == [StatusCode.BAD_REQUEST]
+    assert h.add(1, flags=ADD_FLAG_DEFERRED_SYNC).status == StatusCode.BAD_REQUEST
+    assert h.engine.get_entry(L, 0) is None and h.engine.get_entry(L, 1) is None
+
+
+async def test_a_listing_of_deferred_copies_waits_for_a_sync_that_began_after_them():
+    h = Harness()
+    syncs: list[asyncio.Future[None]] = []
+
+    async def sync_engine() -> None:  # the bookie's checkpoint, held by the test
+        begun = h.handler.deferred.sync_begins()
+        syncs.append(asyncio.get_running_loop().create_future())
+        await syncs[-1]
+        h.engine.sync()
+        h.handler.deferred.synced(begun)
+
+    h.handler.sync_engine = sync_engine
+    batch(h, [(0, b"a")], flags=DEFERRED)
+    assert h.send(ListEntriesRequest, L, 0, 100) is None
+    await asyncio.sleep(0)
+    assert len(syncs) == 1
+    batch(h, [(1, b"b")], flags=DEFERRED)  # a copy during that sync: it may miss it
+    syncs[0].set_result(None)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert len(h.replies) == 2 and len(syncs) == 2  # a second sync, for the later copy
+    syncs[1].set_result(None)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert h.replies[-1].ranges == [[0, 1]]
+    assert set(h.engine.disk.entries[L]) == {0, 1}
+
+
+async def test_a_listing_whose_sync_fails_answers_io_error():
+    h = Harness()
+
+    async def sync_engine() -> None:
+        raise OSError("sync failed")
+
+    h.handler.sync_engine = sync_engine
+    batch(h, [(0, b"a")], flags=DEFERRED)
+    h.send(ListEntriesRequest, L, 0, 100)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert h.replies[-1].status == StatusCode.IO_ERROR
 
 
 @pytest.mark.parametrize("ids", [[], [3], [1, 2, 3], [1, 3, 4, 8]])

@@ -15,7 +15,9 @@ process's lease (a dead worker's locks expire with its lease). For one ledger (a
    bookies autorecovery declared lost, those being decommissioned.
 4. **Replace** bookies that cannot hold their copies (lost, decommissioning, answering errors):
    replacements from the placement policy (replacement.py), recorded in the mark's plan, copied
-   (copier.py: from good replicas, digest verified, recovery adds, rate-limited), then the
+   (copier.py: from good replicas, digest verified, recovery adds, rate-limited, without the
+   target's journal), listed on the target (its listing answers once the copies are synced:
+   bookie/deferred.py; any missing, it restarted, the job fails and copies again), then the
    fragment's ensemble is swapped by compare-and-swap.
 5. **Fill in place** what live bookies lack (an add that failed after AQ, a bookie formatted
    again); a bookie that refuses the copies because it cannot store any (IO_ERROR, READ_ONLY:
@@ -434,7 +436,20 @@ class ReplicationWorker:
 
         await copy_entries(self.ctx, job.ledger_id, job.key, target, fr.entries(todo), sources,
                            self.limiter, self.config.replication_entries_in_flight_max,
-                           self.counters)  # fmt: skip
+                           self.counters, deferred_sync=not force)  # fmt: skip
+        if force:
+            return  # journaled: durable as answered
+        # The copies went without the target's journal: a listing answers only once they are
+        # synced (bookie/deferred.py). Missing now: the target restarted before its sync.
+        held = await list_present(self.ctx, target, job.ledger_id)
+        if isinstance(held, str):
+            raise ReplicationError(f"ledger {job.ledger_id}: target {target} is {held} after "
+                                   "the copy; copying again")  # fmt: skip
+        lost = fr.subtract(todo, held)
+        if lost:
+            raise ReplicationError(f"ledger {job.ledger_id}: target {target} lacks "
+                                   f"{fr.count(lost)} of the entries it took (restarted before "
+                                   "its sync?); copying again")  # fmt: skip
 
     async def _record_plan(self, job: _Job, plan: Collection[tuple[int, int, str, str]]) -> None:
         mark = job.mark

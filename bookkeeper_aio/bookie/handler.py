@@ -12,6 +12,9 @@ Durability: an add is written to the engine (its write buffer; fast, synchronous
 to the journal; the reply is sent from the journal's callback, i.e. after the fdatasync of
 the batch holding it. The same holds for a fence, a ledger's master key and an explicit LAC.
 The journal is ordered, so one record's callback implies every earlier record is durable.
+Autorecovery's copies with ``ADD_FLAG_DEFERRED_SYNC`` are the exception: stored and answered
+at once, durable at the next engine sync, which a listing of their ledger waits for
+(bookie/deferred.py).
 
 Checks on an add, in this order (so that nothing is stored unless every check passed):
 read-only (recovery adds pass), the end-to-end digest (BP-31), the master key, the fence
@@ -35,6 +38,7 @@ recently loaded one with no parked read and no fence being synced is dropped (th
 everything needed to load it again).
 
 This handler keeps no per-request task: at 100k adds/s a task per add costs more than the add.
+(A listing that waits for an engine sync is one, rare: only after deferred-sync copies.)
 
 Beside the protocol's state, each ledger's ``LedgerInfo`` carries its *ledger record* (the
 ledger's metadata as the bookie last read it, for rebuilding a lost metadata store: BP-31,
@@ -47,11 +51,12 @@ requests (``shell scrub``, ``shell recover-metadata``).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from time import perf_counter
 from typing import Any, Protocol
@@ -72,6 +77,7 @@ from ..errors import JournalFailedError, StatusCode
 from ..histogram import new_histogram, no_clock
 from ..metadata.ledger_record import Held, pack_held
 from ..protocol import (
+    ADD_FLAG_DEFERRED_SYNC,
     ADD_FLAG_RECOVERY,
     INT64_MAX,
     READ_FLAG_FENCE,
@@ -108,6 +114,7 @@ from ..protocol import (
     check_add_entries,
     multi_add_parts,
 )
+from .deferred import DeferredCopies
 from .journal import (
     REC_ENTRIES,
     REC_ENTRY,
@@ -128,6 +135,9 @@ log = logging.getLogger(__name__)
 Reply = Callable[[Message], None]
 OK = StatusCode.OK
 UNKNOWN_KEY = b""  # the master key of a ledger entered into limbo without local data
+# Engine syncs a listing waits for at most, should copies of its ledger keep arriving (one
+# worker copies a ledger at a time, so one is the rule): then it lists anyway.
+LIST_SYNCS_MAX = 3
 
 
 class JournalSink(Protocol):
@@ -175,6 +185,12 @@ class RequestHandler:
         # (Engine.write_pressure), looked at every engine_pressure_check_bytes written.
         self.on_engine_pressure: Callable[[], None] | None = None
         self._unchecked_bytes = 0
+        # Copies stored without the journal (ADD_FLAG_DEFERRED_SYNC, bookie/deferred.py) and
+        # the engine sync a listing of their ledger waits for: the bookie's checkpoint, which
+        # tells ``deferred`` when it begins and ends (None: ``engine.sync()`` inline).
+        self.deferred = DeferredCopies()
+        self.sync_engine: Callable[[], Awaitable[None]] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.reads = ReadPool(config.read_threads, config.read_queue_max)
         self._inline = Peer()  # the peer of a request handed in without one
         self._dispatch: dict[type, Callable[[Any, Reply, Peer], object]] = {
@@ -513,7 +529,7 @@ class RequestHandler:
         that pass into the engine (``packed``: the entries as the request
         carried them, which the engine gets too when every entry passed). Returns each
         entry's status and the (entry id, record) pairs that still have to be journaled
-        before the answer (none without data journaling).
+        before the answer (none without data journaling, nor for deferred-sync copies).
 
         Per-entry checks come first (ids, the writer's LAC below its entry, read-only, the
         digests), then the ledger's (its key, the fence): a batch whose every digest is wrong
@@ -522,7 +538,9 @@ class RequestHandler:
         the ledger's state.
         """
         recovery = flags & ADD_FLAG_RECOVERY
-        if len(key) != MASTER_KEY_BYTES:  # ids: the codec refuses a ledger id < 0
+        deferred = flags & ADD_FLAG_DEFERRED_SYNC
+        if len(key) != MASTER_KEY_BYTES or (deferred and not recovery):
+            # ids: the codec refuses a ledger id < 0; a writer's add is durable when answered
             return self._refused([StatusCode.BAD_REQUEST] * len(entries)), []
         refuse_all = StatusCode.READ_ONLY if self.read_only and not recovery else None
         statuses: list[StatusCode] = []
@@ -577,6 +595,10 @@ class RequestHandler:
                     self.on_engine_pressure()
         if state.offer_lac(LacProof(*best)) and state.waiters:
             state.wake_waiters()
+        if deferred:  # durable at the next engine sync, which a listing waits for
+            self.deferred.stored(lid)
+            self.counters["copies_deferred"] += len(stored)
+            return statuses, []
         # BP-46 without the journal: the replicas and the limbo protocol make up for a crash
         # that loses what the engine had not synced.
         return statuses, stored if self.config.journal_write_data else []
@@ -834,6 +856,34 @@ class RequestHandler:
     # --- audits and info ------------------------------------------------------------------
 
     def _list_entries(self, req: ListEntriesRequest, reply: Reply, peer: Peer) -> None:
+        """List what the ledger holds, durably: copies not yet synced are synced first
+        (bookie/deferred.py)."""
+        if not self.deferred.pending(req.ledger_id) or req.max_count <= 0:
+            self._list_now(req, reply)
+        elif self.sync_engine is None:  # no bookie around the handler (unit tests)
+            begun = self.deferred.sync_begins()
+            self.engine.sync()
+            self.deferred.synced(begun)
+            self._list_now(req, reply)
+        else:
+            task = asyncio.get_running_loop().create_task(self._list_durable(req, reply))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _list_durable(self, req: ListEntriesRequest, reply: Reply) -> None:
+        assert self.sync_engine is not None
+        try:
+            for _ in range(LIST_SYNCS_MAX):
+                if not self.deferred.pending(req.ledger_id):
+                    break
+                await self.sync_engine()
+        except Exception as exc:  # the copies may not be durable: no listing
+            self._failed(req, reply, exc)
+            return
+        self.counters["lists_after_sync"] += 1
+        self._list_now(req, reply)
+
+    def _list_now(self, req: ListEntriesRequest, reply: Reply) -> None:
         rid, lid = req.request_id, req.ledger_id
         if req.max_count <= 0 or req.start_entry_id < 0:
             reply(ListEntriesResponse(rid, StatusCode.BAD_REQUEST, lid, [], -1))

@@ -161,13 +161,14 @@ class Bookie:
             self._engine.on_failed = self._dir_failed
         self._handler = RequestHandler(self._engine, journal, cfg, on_fatal=self._fatal)
         self._handler.on_engine_pressure = self._engine_pressure
+        self._handler.sync_engine = self.checkpoint
         if self.metadata is not None and cfg.ledger_records:
             self.records = LedgerRecords(cfg.bookie_id, self._handler, self.metadata)
             self._handler.on_new_ledger = self.records.learned  # before serving: none missed
         if cfg.trace_dir and isinstance(journal, Journal):  # benchmarks only (bookie/trace.py)
             trace = AddTrace(cfg.trace_dir, cfg.bookie_id, cfg.trace_records_max)
             self._handler.trace = journal.trace = trace
-        await journal.checkpoint(self._engine.sync)
+        await self.checkpoint()
         await self._check_disks()
         await self._preboot(cookies)
         await self.storage.mark_running(True)
@@ -186,7 +187,7 @@ class Bookie:
                 cfg, self._engine, self.metadata,
                 incarnation=cookies.incarnation if cookies is not None else "",
                 forget=self.handler.forget, hold=self.handler.hold_adds,
-                checkpoint=self._gc_checkpoint,
+                checkpoint=self.checkpoint,
                 reclaim=lambda ratio: self.storage.reclaim_space(self.engine, ratio),
                 wall_clock_ms=self._wall_clock_ms,
             )  # fmt: skip
@@ -321,7 +322,7 @@ class Bookie:
         while True:
             await asyncio.sleep(self.config.checkpoint_interval_s)
             try:
-                await self._journal.checkpoint(self.engine.sync)
+                await self.checkpoint()
                 self.counters["checkpoints"] += 1
             except Exception as exc:
                 self._fatal(exc)
@@ -341,9 +342,17 @@ class Bookie:
         async with self._gc_lock:
             return await self.gc.collect()
 
-    async def _gc_checkpoint(self) -> None:
-        assert self._journal is not None
+    async def checkpoint(self) -> None:
+        """Sync the engine and drop the journal it covers; the copies stored without the
+        journal before it began are durable then (bookie/deferred.py).
+
+        Raises:
+            OSError: the engine sync or the checkpoint file write failed.
+        """
+        assert self._journal is not None and self._handler is not None
+        begun = self._handler.deferred.sync_begins()
         await self._journal.checkpoint(self.engine.sync)
+        self._handler.deferred.synced(begun)
 
     async def _gc_loop(self) -> None:
         while True:
@@ -496,7 +505,7 @@ class Bookie:
         assert self._journal is not None and self._engine is not None
         if self.failure is None:
             try:
-                await self._journal.checkpoint(self._engine.sync)
+                await self.checkpoint()
             except Exception as exc:  # still close everything; the journal keeps the data
                 log.error("final checkpoint failed: %s", exc)
         await self._journal.close()

@@ -28,6 +28,14 @@ _HANDLER_COUNTERS = {
     "io_errors": ("io_errors", "Requests answered IO_ERROR"),
     "long_polls_refused": ("long_polls_refused", "Long polls refused: too many parked"),
     "ledgers_evicted": ("ledgers_evicted", "Ledger states dropped from the cache"),
+    "copies_deferred": (
+        "copies_deferred",
+        "Copies stored without the journal (deferred sync), durable at the next engine sync",
+    ),
+    "lists_after_sync": (
+        "lists_after_sync",
+        "Listings that waited for an engine sync of the ledger's deferred-sync copies",
+    ),
 }
 
 
@@ -52,6 +60,9 @@ class BookieCollector:
         )
         yield gauge(P + "ledgers", "Ledgers stored", len(bookie.engine.ledgers()))
         yield gauge(P + "ledgers_cached", "Ledger states cached", len(handler._ledgers))
+        yield gauge(P + "ledgers_unsynced_copies",
+                    "Ledgers holding deferred-sync copies no engine sync covers yet",
+                    len(handler.deferred))  # fmt: skip
         yield gauge(P + "ledger_cache_max", "Limit: ledger states cached", cfg.ledger_cache_max)
         yield gauge(P + "long_polls_parked", "Long-poll reads waiting", handler.parked)
         yield gauge(

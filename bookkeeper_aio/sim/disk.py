@@ -8,8 +8,10 @@ A simulated bookie's durable state is a :class:`NodeDisk`: the engine's synced s
 returned. Everything else — the engine's write buffer, journal records still queued — lives in
 the running bookie's objects and is what a crash throws away:
 
-* a *process* crash (``kill -9``) keeps the engine's unsynced writes (they were in the page
-  cache) and loses the journal queue (never written, never acknowledged);
+* a *process* crash (``kill -9``) loses the journal queue (never written, never
+  acknowledged); it keeps the engine's unsynced writes (in the page cache, or in RocksDB's WAL
+  on a BP-46 bookie), except, on a journaled bookie, its entries (the rocksdb engine's
+  memtable, no WAL: the journal's replay puts back those it had);
 * a *power* crash keeps only a random prefix of the engine's unsynced writes.
 
 :class:`SimJournal` keeps the real journal's contract (docs/simulation.md#the-journal-contract;
@@ -387,5 +389,10 @@ class SimStorage:
         if self.journal is not None:
             self.journal.crash()
         unsynced = self.engine.unsynced_writes()
+        if not power_loss and self.config.journal_write_data:
+            # The rocksdb engine of a journaled bookie writes no WAL: its memtable dies with
+            # the process. The journal's replay puts back every entry it had; the entries
+            # that were never journaled (deferred-sync copies, bookie/deferred.py) are gone.
+            unsynced = [w for w in unsynced if w[0] != "entry"]
         keep = self.rng.randint(0, len(unsynced)) if power_loss else len(unsynced)
         self.disk.engine.apply(unsynced[:keep])
