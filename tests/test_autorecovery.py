@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from bookkeeper_aio.autorecovery import fragments as fr
 from bookkeeper_aio.autorecovery import worker as worker_module
-from bookkeeper_aio.autorecovery.checker import check_ledger
+from bookkeeper_aio.autorecovery.checker import check_ledger, list_present
 from bookkeeper_aio.autorecovery.election import current_auditor
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
 from bookkeeper_aio.bookie.integrity import DataIntegrity
@@ -464,6 +464,9 @@ def test_copies_a_listing_reported_survive_a_crash_of_their_target(listing_syncs
                 await target.start()
                 if not listing_syncs:
                     target.bookie.handler.deferred.pending = lambda ledger_id: False
+                for _ in range(5):  # the worker's connection to it is back
+                    if await list_present(args[0], target.address, lid) != "unreachable":
+                        break
 
         worker_module.copy_entries = copy_then_crash
         try:
@@ -480,6 +483,7 @@ def test_copies_a_listing_reported_survive_a_crash_of_their_target(listing_syncs
         assert crashed and crashed[0] > 0  # copies were deferred, then lost
         worker = ar.service.worker.counters
         assert worker["entries_copied"] >= 2 * 7 and worker["marks_failed"] >= 1, worker
+        assert worker["copies_lost_before_sync"] == crashed[0], worker
         assert victim.address not in world.ledger(lid).value.bookies()
         assert await complete(world, lid)
         target.crash(power_loss=False)  # no sync since the listings

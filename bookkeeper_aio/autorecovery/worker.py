@@ -446,7 +446,8 @@ class ReplicationWorker:
             raise ReplicationError(f"ledger {job.ledger_id}: target {target} is {held} after "
                                    "the copy; copying again")  # fmt: skip
         lost = fr.subtract(todo, held)
-        if lost:
+        if lost:  # counted as copied when answered: this says how many of them went again
+            self.counters["copies_lost_before_sync"] += fr.count(lost)
             raise ReplicationError(f"ledger {job.ledger_id}: target {target} lacks "
                                    f"{fr.count(lost)} of the entries it took (restarted before "
                                    "its sync?); copying again")  # fmt: skip

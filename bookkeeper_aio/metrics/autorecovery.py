@@ -21,6 +21,7 @@ _WORKER_COUNTERS = {
     "replacements": "Bookies replaced in ledgers' ensembles",
     "ledgers_recovered": "Open ledgers fenced and recovered before re-replication",
     "lock_conflicts": "Marks another process was already working on",
+    "copies_lost_before_sync": "Copies answered, then lost: their target restarted before its sync",
 }
 
 
