@@ -19,7 +19,11 @@ limit). It reports:
 * ``written_per_copied`` / ``read_per_copied`` — what the live bookies wrote to and read from
   the disk (``/proc/PID/io``: journals, engines, compactions) from the kill until one
   checkpoint interval after the restore (so that what the copies left in memtables is flushed
-  and counted), per byte copied: the targets' write amplification.
+  and counted), per byte copied: the targets' write amplification;
+* with ``--writer-rate R``: a writer appending 1 KiB entries at R/s (open loop, latency from the
+  intended send time) to a new ledger for 5 s before the kill (``writer_quiet_*``) and, on the
+  live bookies (the copies' targets), from the first mark to the restore (``writer_copy_*``):
+  what a service writing beside the copy sees, and ``writer_p99_ratio_vs_quiet``.
 
 The bookies and the copier share this machine's two cores and one disk: every copied byte is
 read from one bookie, sent to another, journaled with fdatasync and written to RocksDB there
@@ -45,7 +49,8 @@ from bookkeeper_aio.sandbox import autorecovery_process
 
 from .cluster import local_cluster
 from .disk import group_commit_limit
-from .stats import print_table, write_json
+from .load import open_loop
+from .stats import latency_summary, print_table, write_json
 
 MiB = 1 << 20
 PASSWORD = b"bench"
@@ -63,6 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a BookieConfig key for the started bookies, repeatable")  # fmt: skip
     p.add_argument("--duration", type=float, default=3.0, metavar="S",
                    help="seconds of the disk-limit measurement")  # fmt: skip
+    p.add_argument("--writer-rate", type=float, default=0.0, metavar="R",
+                   help="entries/s of a writer beside the copy (0: none)")  # fmt: skip
     p.add_argument("--dir", metavar="DIR", help="where the cluster writes (tmp)")
     p.add_argument("--json", metavar="PATH", help="write the results here")
 
@@ -119,19 +126,34 @@ async def _measure(cluster: Any, root: Path, args: argparse.Namespace) -> dict[s
         if fill_marks:
             print(f"warning: the fill left {fill_marks} ledgers marked under-replicated; "
                   "detect_s and copy_s include them")  # fmt: skip
+        quiet = await _foreground(bk, args.writer_rate, 5.0) if args.writer_rate else []
         victim.kill()
         killed = time.monotonic()
         live = [b.proc.pid for b in cluster.bookies if b is not victim and b.proc is not None]
         io0 = _io(live)
         with _autorecovery(cluster.uri, root, args):
             first_mark = await _until(lambda: _any_mark(bk), killed, 120)
-            restored = await _until(lambda: _restored(bk, ids, victim.address), killed, 900)
+            writer = None
+            if args.writer_rate:
+                writer = asyncio.create_task(_foreground(bk, args.writer_rate, 900.0))
+            try:
+                restored = await _until(lambda: _restored(bk, ids, victim.address), killed, 900)
+            finally:
+                beside = await _stop(writer)
             copied = await _copied(bk)
         await _verify(bk, ids, victim.address)
         settle = _bookie_setting(args.bookie_set, "checkpoint_interval_s") + 1.0
         await asyncio.sleep(max(0.0, restored + settle - time.monotonic()))
         written, read = (after - before for after, before in zip(_io(live), io0, strict=True))
     copy_s = max(restored - first_mark, 1e-6)
+    writes = {}
+    if args.writer_rate:
+        q, c = latency_summary(quiet), latency_summary(beside)
+        writes = {
+            **{f"writer_quiet_{k}": round(v, 2) for k, v in q.items() if k != "p95_ms"},
+            **{f"writer_copy_{k}": round(v, 2) for k, v in c.items() if k != "p95_ms"},
+            "writer_p99_ratio_vs_quiet": round(c["p99_ms"] / max(q["p99_ms"], 1e-9), 2),
+        }
     return {
         "lost_gib": round(held / (1 << 30), 3),
         "entry_bytes": args.entry_size,
@@ -145,6 +167,7 @@ async def _measure(cluster: Any, root: Path, args: argparse.Namespace) -> dict[s
         "fill_marked_ledgers": fill_marks,
         "written_per_copied": round(written / max(copied, 1), 2),
         "read_per_copied": round(read / max(copied, 1), 2),
+        **writes,
     }
 
 
@@ -166,6 +189,33 @@ async def _fill(bk: BookKeeper, victim: str, args: argparse.Namespace) -> tuple[
         if victim in w.metadata.bookies():
             held += per_ledger * args.entry_size
     return ids, held
+
+
+async def _foreground(bk: BookKeeper, rate: float, duration_s: float) -> list[float]:
+    """Latencies (s) of a writer at ``rate`` 1 KiB entries/s for ``duration_s`` or until
+    cancelled (then those of the rounds that finished), on a new E3/WQ3/AQ2 ledger, closed at
+    the end."""
+    w = await bk.create_ledger(3, 3, 2, PASSWORD)
+    payload = os.urandom(1024)
+    latencies: list[float] = []
+    try:
+        while duration_s > 0:  # one-second rounds: a cancellation keeps the finished ones
+            step = min(1.0, duration_s)
+            result = await open_loop(lambda: w.append_nowait(payload), rate, step, 1000)
+            latencies += result.latencies_s
+            duration_s -= step
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await w.close()
+    return latencies
+
+
+async def _stop(task: asyncio.Task[list[float]] | None) -> list[float]:
+    if task is None:
+        return []
+    task.cancel()
+    return await task
 
 
 def _autorecovery(uri: str, root: Path, args: argparse.Namespace) -> Any:

@@ -240,7 +240,8 @@ def test_rereplication(tmp_path):
     out = tmp_path / "rereplication.json"
     cmd = [sys.executable, "-m", "benchmarks", "rereplication", "--gib", "0.01",
            "--entry-size", "65536", "--duration", "0.3", "--dir", str(tmp_path),
-           "--bookie-set", "checkpoint_interval_s=1", "--json", str(out)]  # fmt: skip
+           "--bookie-set", "checkpoint_interval_s=1", "--writer-rate", "200",
+           "--json", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-3000:]}"
     result = json.loads(out.read_text())
@@ -248,6 +249,8 @@ def test_rereplication(tmp_path):
     assert result["restore_s"] > result["detect_s"] > 0 and result["disk_limit_mb_per_s"] > 0
     assert result["fill_marked_ledgers"] == 0  # the fill left every copy made
     assert result["written_per_copied"] > 0.5  # the targets wrote the copies (once, at least)
+    assert 0 < result["writer_quiet_p50_ms"] and 0 < result["writer_copy_p50_ms"]
+    assert result["writer_p99_ratio_vs_quiet"] > 0
 
 
 def test_scrub_with_and_without(tmp_path):
