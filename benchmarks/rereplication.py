@@ -26,8 +26,9 @@ limit). It reports:
   what a service writing beside the copy sees, and ``writer_p99_ratio_vs_quiet``.
 
 The bookies and the copier share this machine's two cores and one disk: every copied byte is
-read from one bookie, sent to another, journaled with fdatasync and written to RocksDB there
-(the disk's writes bound the copy: docs/performance.md has the profile).
+read from one bookie, sent to another and written to RocksDB there, not to its journal (deferred
+sync: synced before the worker relies on it), while the copies' reads and writes share the disk
+(what bounds the copy here: docs/performance.md has the profile).
 """
 
 from __future__ import annotations
