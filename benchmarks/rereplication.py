@@ -79,7 +79,8 @@ async def run_rereplication(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-rr-") as tmp:
         root = Path(tmp)
         extra = [a for item in args.bookie_set for a in ("--set", item)]
-        batch = _journal_batch(args.bookie_set)
+        # the bookies' journal batch: what one fdatasync of theirs carries at most
+        batch = int(_bookie_setting(args.bookie_set, "journal_batch_bytes_max"))
         disk = group_commit_limit(root, batch, args.duration)
         disk_mb_s = disk["fsyncs_per_s"] * disk["batch_bytes"] / MiB
         async with local_cluster(root / "cluster", args.bookies, args.engine, *extra) as cluster:
@@ -89,11 +90,6 @@ async def run_rereplication(args: argparse.Namespace) -> dict[str, Any]:
     print_table("rereplication (autorecovery after losing a bookie)", [result])
     write_json(args.json, result)
     return result
-
-
-def _journal_batch(settings: list[str]) -> int:
-    """The bookies' journal batch (what one fdatasync of theirs carries at most)."""
-    return int(_bookie_setting(settings, "journal_batch_bytes_max"))
 
 
 def _bookie_setting(settings: list[str], name: str) -> float:

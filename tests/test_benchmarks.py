@@ -249,7 +249,7 @@ def test_rereplication(tmp_path):
     assert result["restore_s"] > result["detect_s"] > 0 and result["disk_limit_mb_per_s"] > 0
     assert result["fill_marked_ledgers"] == 0  # the fill left every copy made
     assert result["written_per_copied"] > 0.5  # the targets wrote the copies (once, at least)
-    assert 0 < result["writer_quiet_p50_ms"] and 0 < result["writer_copy_p50_ms"]
+    assert result["writer_quiet_p50_ms"] > 0 and result["writer_copy_p50_ms"] > 0
     assert result["writer_p99_ratio_vs_quiet"] > 0
 
 

@@ -445,12 +445,12 @@ class ReplicationWorker:
         if isinstance(held, str):
             raise ReplicationError(f"ledger {job.ledger_id}: target {target} is {held} after "
                                    "the copy; copying again")  # fmt: skip
-        lost = fr.subtract(todo, held)
+        lost = fr.count(fr.subtract(todo, held))
         if lost:  # counted as copied when answered: this says how many of them went again
-            self.counters["copies_lost_before_sync"] += fr.count(lost)
-            raise ReplicationError(f"ledger {job.ledger_id}: target {target} lacks "
-                                   f"{fr.count(lost)} of the entries it took (restarted before "
-                                   "its sync?); copying again")  # fmt: skip
+            self.counters["copies_lost_before_sync"] += lost
+            raise ReplicationError(f"ledger {job.ledger_id}: target {target} lacks {lost} of "
+                                   "the entries it took (restarted before its sync?); copying "
+                                   "again")  # fmt: skip
 
     async def _record_plan(self, job: _Job, plan: Collection[tuple[int, int, str, str]]) -> None:
         mark = job.mark
