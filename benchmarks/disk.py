@@ -1,16 +1,25 @@
-"""The disk's raw group-commit limit: a write + fdatasync loop, the baseline for bookie figures.
+"""The disk's raw limits, the baselines of the bookie figures.
 
-This is what a journal could do with no protocol, no Python request handling and no network:
-append ``batch_bytes`` then fdatasync, in a preallocated file, like the journal does.
+:func:`group_commit_limit`: what a journal could do with no protocol, no Python request handling
+and no network: append ``batch_bytes`` then fdatasync, in a preallocated file, like the journal
+does. :func:`copy_limit`: what a re-replication could do: read data the page cache does not
+hold and write it to another file, synced.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 
+from bookkeeper_aio.direct_io import open_file
+
 from .stats import latency_summary
+
+_COPY_CHUNKS_AHEAD = 4  # copy_limit: chunks read and not yet written, at most
 
 
 def group_commit_limit(
@@ -51,3 +60,94 @@ def group_commit_limit(
         "entries_per_s": batches * (batch_bytes / entry_bytes) / elapsed,
         **latency_summary(latencies),
     }
+
+
+def copy_limit(
+    directory: Path, total_bytes: int, chunk_bytes: int = 1 << 20, sync_bytes: int = 64 << 20
+) -> dict[str, float]:
+    """MiB/s of the disk copying ``total_bytes`` it does not hold in the page cache from one
+    file to another: the baseline of a re-replication, which reads what the engines flushed
+    around the page cache and writes it again (docs/performance.md, ``rereplication``).
+
+    The source is written first with O_DIRECT (and its cached pages, if any, dropped), so the
+    copy reads it from the device, as a source bookie reads its flushed SSTs and blob files.
+    A reader thread reads ``chunk_bytes`` at a time ahead of the writer (at most four chunks);
+    the writer writes them with O_DIRECT (as RocksDB's flushes do) and fdatasyncs every
+    ``sync_bytes`` and at the end (a memtable's flush, a checkpoint). No protocol, no Python
+    request handling, no network: what a copy could do on this disk. The clock runs from the
+    first read to the last fdatasync."""
+    os.sync()
+    total_bytes = max(chunk_bytes, total_bytes - total_bytes % chunk_bytes)
+    src, dst = Path(directory) / "disk-copy-src.bin", Path(directory) / "disk-copy-dst.bin"
+    buffers = [mmap.mmap(-1, chunk_bytes) for _ in range(_COPY_CHUNKS_AHEAD)]
+    buffers[0].write(os.urandom(chunk_bytes))
+    try:
+        fd, _ = open_file(src, os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+        try:
+            for offset in range(0, total_bytes, chunk_bytes):
+                os.pwrite(fd, buffers[0], offset)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # a buffered fallback's pages
+        finally:
+            os.close(fd)
+        free: queue.Queue[mmap.mmap] = queue.Queue()
+        full: queue.Queue[tuple[mmap.mmap, int] | None] = queue.Queue()
+        for buffer in buffers:
+            free.put(buffer)
+        failed: list[BaseException] = []
+        start = time.perf_counter()
+        reader = threading.Thread(
+            target=_read_ahead, args=(src, total_bytes, chunk_bytes, free, full, failed)
+        )
+        reader.start()
+        copied = 0
+        fd, _ = open_file(dst, os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+        try:
+            while (item := full.get()) is not None:
+                buffer, offset = item
+                os.pwrite(fd, buffer, offset)
+                free.put(buffer)
+                copied += chunk_bytes
+                if copied % sync_bytes < chunk_bytes:
+                    os.fdatasync(fd)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+            for buffer in buffers:  # a reader still waiting for one (the writer failed) ends
+                free.put(buffer)
+            reader.join()
+        elapsed = time.perf_counter() - start
+        if failed or copied != total_bytes:
+            raise RuntimeError(f"copy_limit read {copied} of {total_bytes} bytes: {failed}")
+    finally:
+        for buffer in buffers:
+            buffer.close()
+        src.unlink(missing_ok=True)
+        dst.unlink(missing_ok=True)
+    return {"copy_bytes": total_bytes, "copy_mib_per_s": total_bytes / (1 << 20) / elapsed}
+
+
+def _read_ahead(
+    path: Path,
+    total_bytes: int,
+    chunk_bytes: int,
+    free: queue.Queue[mmap.mmap],
+    full: queue.Queue[tuple[mmap.mmap, int] | None],
+    failed: list[BaseException],
+) -> None:
+    """:func:`copy_limit`'s reader: each chunk into a free buffer, handed to the writer; it
+    stops at the first short read or error (``failed``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for offset in range(0, total_bytes, chunk_bytes):
+                buffer = free.get()
+                if os.preadv(fd, [buffer], offset) != chunk_bytes:
+                    raise OSError(f"short read at {offset}")
+                full.put((buffer, offset))
+        finally:
+            os.close(fd)
+    except BaseException as exc:  # told to the writer, which raises it
+        failed.append(exc)
+    finally:
+        full.put(None)

@@ -3,17 +3,20 @@
     python -m benchmarks rereplication --gib 0.5 --entry-size 262144 --workers 4
 
 Starts etcd and ``--bookies`` bookie processes (default 4), writes closed E3/WQ3/AQ2 ledgers
-until the bookie that will be lost holds ``--gib`` GiB, measures the disk's limit in the same
+until the bookie that will be lost holds ``--gib`` GiB, measures the disk's limits in the same
 run (a write + fdatasync loop of journal-sized batches on the same disk: what the targets'
-journals could do with no protocol at all), then kills that bookie (kill -9) and starts an
-autorecovery process (``lost_bookie_recovery_delay_s=0``, ``--workers`` marks at once, no rate
-limit). It reports:
+journals could do with no protocol at all; and a copy of as many bytes, at most 512 MiB, from
+a file the page cache does not hold to another, synced: ``disk.copy_limit``), then kills that
+bookie (kill -9) and starts an autorecovery process (``lost_bookie_recovery_delay_s=0``,
+``--workers`` marks at once, no rate limit). It reports:
 
 * ``detect_s`` — kill to the first mark (the registration's lease has to expire first);
 * ``copy_s`` — first mark to the last ledger back at WQ (no mark left, the lost bookie in no
   ensemble; every copy is then checked on the live bookies, after the clock stopped);
 * ``restore_s`` — kill to WQ: the SLA figure;
-* ``copy_mb_per_s`` — bytes copied / ``copy_s``, and its ratio to the disk's limit;
+* ``copy_mb_per_s`` — bytes copied / ``copy_s`` (MiB/s), and its ratios to the disk's
+  group-commit limit (``ratio_vs_disk``) and to its copy (``disk_copy_mb_per_s``,
+  ``ratio_vs_disk_copy``);
 * ``fill_marked_ledgers`` — ledgers the fill itself left marked under-replicated (should be 0:
   otherwise the first mark precedes the loss, and the figures above include that work);
 * ``written_per_copied`` / ``read_per_copied`` — what the live bookies wrote to and read from
@@ -49,12 +52,13 @@ from bookkeeper_aio.metadata.underreplication import MARKS_PREFIX
 from bookkeeper_aio.sandbox import autorecovery_process
 
 from .cluster import local_cluster
-from .disk import group_commit_limit
+from .disk import copy_limit, group_commit_limit
 from .load import open_loop
 from .stats import latency_summary, print_table, write_json
 
 MiB = 1 << 20
 PASSWORD = b"bench"
+DISK_COPY_BYTES_MAX = 512 * MiB
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,10 +87,16 @@ async def run_rereplication(args: argparse.Namespace) -> dict[str, Any]:
         batch = int(_bookie_setting(args.bookie_set, "journal_batch_bytes_max"))
         disk = group_commit_limit(root, batch, args.duration)
         disk_mb_s = disk["fsyncs_per_s"] * disk["batch_bytes"] / MiB
+        # what a copy of these bytes (at most DISK_COPY_BYTES_MAX) could do on this disk, in
+        # the copier's 1 MiB batches
+        size = min(DISK_COPY_BYTES_MAX, int(args.gib * (1 << 30)))
+        disk_copy = copy_limit(root, size)["copy_mib_per_s"]
         async with local_cluster(root / "cluster", args.bookies, args.engine, *extra) as cluster:
             result = await _measure(cluster, root, args)
     result["disk_limit_mb_per_s"] = round(disk_mb_s, 1)
     result["ratio_vs_disk"] = round(result["copy_mb_per_s"] / disk_mb_s, 3)
+    result["disk_copy_mb_per_s"] = round(disk_copy, 1)
+    result["ratio_vs_disk_copy"] = round(result["copy_mb_per_s"] / disk_copy, 3)
     print_table("rereplication (autorecovery after losing a bookie)", [result])
     write_json(args.json, result)
     return result

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import machine
+from benchmarks.disk import copy_limit
 from benchmarks.peers import ratios
 from bookkeeper_aio.sandbox import Cluster
 
@@ -247,10 +248,18 @@ def test_rereplication(tmp_path):
     result = json.loads(out.read_text())
     assert result["copied_mib"] >= 5 and result["copy_mb_per_s"] > 0  # the lost bookie's share
     assert result["restore_s"] > result["detect_s"] > 0 and result["disk_limit_mb_per_s"] > 0
+    assert result["disk_copy_mb_per_s"] > 0 and result["ratio_vs_disk_copy"] > 0
     assert result["fill_marked_ledgers"] == 0  # the fill left every copy made
     assert result["written_per_copied"] > 0.5  # the targets wrote the copies (once, at least)
     assert result["writer_quiet_p50_ms"] > 0 and result["writer_copy_p50_ms"] > 0
     assert result["writer_p99_ratio_vs_quiet"] > 0
+
+
+def test_copy_limit_copies_whole_chunks_and_removes_its_files(tmp_path):
+    result = copy_limit(tmp_path, 5 * (1 << 20) + 123, chunk_bytes=1 << 20, sync_bytes=2 << 20)
+    assert result["copy_bytes"] == 5 << 20  # whole chunks
+    assert result["copy_mib_per_s"] > 0
+    assert list(tmp_path.iterdir()) == []  # source and copy removed
 
 
 def test_scrub_with_and_without(tmp_path):
