@@ -12,6 +12,7 @@ from bookkeeper_aio.bookie.handler import RequestHandler, to_ranges
 from bookkeeper_aio.bookie.journal import REC_ENTRIES, REC_ENTRY, REC_FENCE, REC_MASTER_KEY
 from bookkeeper_aio.bookie.long_poll import Peer
 from bookkeeper_aio.bookie.records import LEDGER_KEY, replay_into
+from bookkeeper_aio.bookie.server import Bookie
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.digest import LacProof, entry_digest, lac_digest, master_key, payload_digest
 from bookkeeper_aio.errors import JournalFailedError, StatusCode
@@ -39,6 +40,7 @@ from bookkeeper_aio.protocol import (
     pack_add_entries,
     unpack_read_entries,
 )
+from bookkeeper_aio.sandbox import free_port
 from engines.memory import MemoryEngine
 
 KEY = master_key(b"pw")
@@ -545,7 +547,8 @@ async def test_a_listing_of_deferred_copies_waits_for_a_sync_that_began_after_th
     h = Harness()
     syncs: list[asyncio.Future[None]] = []
 
-    async def sync_engine() -> None:  # the bookie's checkpoint, held by the test
+    async def sync_engine(needed) -> None:  # the bookie's checkpoint, held by the test
+        assert needed()  # the listing asks only for what it still needs
         begun = h.handler.deferred.sync_begins()
         syncs.append(asyncio.get_running_loop().create_future())
         await syncs[-1]
@@ -572,7 +575,7 @@ async def test_a_listing_of_deferred_copies_waits_for_a_sync_that_began_after_th
 async def test_a_listing_whose_sync_fails_answers_io_error():
     h = Harness()
 
-    async def sync_engine() -> None:
+    async def sync_engine(needed) -> None:
         raise OSError("sync failed")
 
     h.handler.sync_engine = sync_engine
@@ -581,6 +584,39 @@ async def test_a_listing_whose_sync_fails_answers_io_error():
     for _ in range(3):
         await asyncio.sleep(0)
     assert h.replies[-1].status == StatusCode.IO_ERROR
+
+
+async def test_listings_waiting_behind_one_checkpoint_share_it(tmp_path):
+    """Autorecovery's workers list their targets at once: copies stored before a checkpoint
+    began are all covered by it, so the listings queued behind it skip their own syncs (an
+    engine flush each) instead of running one after another."""
+    config = BookieConfig(listen=f"127.0.0.1:{free_port()}", journal_dir=str(tmp_path / "j"),
+                          ledger_dirs=(str(tmp_path / "l"),), engine="memory",
+                          checkpoint_interval_s=3600)  # fmt: skip
+    async with Bookie.serve(config) as bookie:
+        handler, answers = bookie.handler, []
+        for lid in range(1, 5):
+            wire = [(e, e - 1, payload_digest(b"c"), entry_digest(lid, e, e - 1, b"c"), b"c")
+                    for e in range(3)]  # fmt: skip
+            handler.handle(AddBatchRequest(lid, lid, DEFERRED, KEY, pack_add_entries(wire)),
+                           answers.append)  # fmt: skip
+        assert [a.statuses for a in answers] == [[StatusCode.OK] * 3] * 4
+        before = bookie.statistics()["journal"]["checkpoints"]
+        listings: list = []
+        all_in = asyncio.Event()
+
+        def listed(reply) -> None:
+            listings.append(reply)
+            if len(listings) == 4:
+                all_in.set()
+
+        for lid in range(1, 5):
+            handler.handle(ListEntriesRequest(10 + lid, lid, 0, 100), listed)
+        async with asyncio.timeout(10):
+            await all_in.wait()
+        assert [r.ranges for r in listings] == [[[0, 2]]] * 4
+        assert bookie.statistics()["journal"]["checkpoints"] - before == 1
+        assert len(handler.deferred) == 0
 
 
 @pytest.mark.parametrize("ids", [[], [3], [1, 2, 3], [1, 3, 4, 8]])

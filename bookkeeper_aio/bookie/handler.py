@@ -187,9 +187,10 @@ class RequestHandler:
         self._unchecked_bytes = 0
         # Copies stored without the journal (ADD_FLAG_DEFERRED_SYNC, bookie/deferred.py) and
         # the engine sync a listing of their ledger waits for: the bookie's checkpoint, which
-        # tells ``deferred`` when it begins and ends (None: ``engine.sync()`` inline).
+        # tells ``deferred`` when it begins and ends, and skips itself if the predicate it is
+        # given says False when its turn comes (None: ``engine.sync()`` inline).
         self.deferred = DeferredCopies()
-        self.sync_engine: Callable[[], Awaitable[None]] | None = None
+        self.sync_engine: Callable[[Callable[[], bool]], Awaitable[None]] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.reads = ReadPool(config.read_threads, config.read_queue_max)
         self._inline = Peer()  # the peer of a request handed in without one
@@ -873,10 +874,11 @@ class RequestHandler:
     async def _list_durable(self, req: ListEntriesRequest, reply: Reply) -> None:
         assert self.sync_engine is not None
         try:
+            pending = partial(self.deferred.pending, req.ledger_id)
             for _ in range(LIST_SYNCS_MAX):
-                if not self.deferred.pending(req.ledger_id):
+                if not pending():
                     break
-                await self.sync_engine()
+                await self.sync_engine(pending)  # a sync that ran meanwhile may have done it
         except Exception as exc:  # the copies may not be durable: no listing
             self._failed(req, reply, exc)
             return

@@ -108,6 +108,7 @@ class Bookie:
         self.gc: GarbageCollector | None = None
         self._wall_clock_ms = wall_clock_ms or (lambda: int(time.time() * 1000))
         self._gc_lock = asyncio.Lock()  # one pass at a time (the loop and on-demand passes)
+        self._checkpoint_turn = asyncio.Lock()  # checkpoints one at a time, in order
         self.scrubber: Scrubber | None = None  # BP-31 bit rot
         self.records: LedgerRecords | None = None  # BP-31 metadata recovery
         self.http_address: str | None = None  # where the admin API listens (http_listen)
@@ -342,17 +343,25 @@ class Bookie:
         async with self._gc_lock:
             return await self.gc.collect()
 
-    async def checkpoint(self) -> None:
+    async def checkpoint(self, needed: Callable[[], bool] | None = None) -> None:
         """Sync the engine and drop the journal it covers; the copies stored without the
-        journal before it began are durable then (bookie/deferred.py).
+        journal before it began are durable then (bookie/deferred.py). One at a time, in
+        turn: ``needed``, asked when this one's turn comes, can skip it (False: those before
+        it did the caller's work: the listings of several copies waiting behind one sync
+        share it).
 
         Raises:
             OSError: the engine sync or the checkpoint file write failed.
         """
         assert self._journal is not None and self._handler is not None
-        begun = self._handler.deferred.sync_begins()
-        await self._journal.checkpoint(self.engine.sync)
-        self._handler.deferred.synced(begun)
+        async with self._checkpoint_turn:
+            if needed is not None and not needed():
+                return
+            # Numbered when it begins, not when it was asked for: the copies stored while it
+            # waited its turn are in the engine before its sync, so they are covered too.
+            begun = self._handler.deferred.sync_begins()
+            await self._journal.checkpoint(self.engine.sync)
+            self._handler.deferred.synced(begun)
 
     async def _gc_loop(self) -> None:
         while True:
