@@ -276,6 +276,9 @@ class BookieConfig(AutorecoverySettings):
 
     # Checkpoint: sync the engine, then drop journal files it covers.
     checkpoint_interval_s: float = 10.0
+    # A listing of deferred-sync copies waits at most this long for the engine syncs that make
+    # them durable (bookie/deferred.py); then it answers IO_ERROR and the worker retries.
+    list_sync_timeout_s: float = 60.0
 
     # Long-poll reads parked waiting for the LAC to advance.
     long_poll_parked_max: int = 10_000
@@ -379,6 +382,8 @@ class BookieConfig(AutorecoverySettings):
             )
         if self.journal_recycle_files < 0:
             raise ConfigError("journal_recycle_files must be >= 0")
+        if not self.list_sync_timeout_s > 0:
+            raise ConfigError(f"list_sync_timeout_s must be > 0, got {self.list_sync_timeout_s}")
         if not 0 <= self.read_threads <= 64:
             raise ConfigError(f"read_threads must be in [0, 64], got {self.read_threads}")
         if self.journal_batch_wait_ms < 0:

@@ -518,6 +518,12 @@ def test_list_entries_in_ranges_with_pagination():
 DEFERRED = ADD_FLAG_RECOVERY | ADD_FLAG_DEFERRED_SYNC
 
 
+async def loop_turns(count: int = 10) -> None:
+    """Let the listing's task, its sync's task and their callbacks run."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
 def test_a_deferred_sync_copy_is_answered_unjournaled_and_a_listing_syncs_it_first():
     h = Harness()
     h.add(0)  # a writer's add: journaled, then synced by nobody
@@ -558,16 +564,14 @@ async def test_a_listing_of_deferred_copies_waits_for_a_sync_that_began_after_th
     h.handler.sync_engine = sync_engine
     batch(h, [(0, b"a")], flags=DEFERRED)
     assert h.send(ListEntriesRequest, L, 0, 100) is None
-    await asyncio.sleep(0)
+    await loop_turns()
     assert len(syncs) == 1
     batch(h, [(1, b"b")], flags=DEFERRED)  # a copy during that sync: it may miss it
     syncs[0].set_result(None)
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    await loop_turns()
     assert len(h.replies) == 2 and len(syncs) == 2  # a second sync, for the later copy
     syncs[1].set_result(None)
-    for _ in range(3):
-        await asyncio.sleep(0)
+    await loop_turns()
     assert h.replies[-1].ranges == [[0, 1]]
     assert set(h.engine.disk.entries[L]) == {0, 1}
 
@@ -581,9 +585,29 @@ async def test_a_listing_whose_sync_fails_answers_io_error():
     h.handler.sync_engine = sync_engine
     batch(h, [(0, b"a")], flags=DEFERRED)
     h.send(ListEntriesRequest, L, 0, 100)
-    for _ in range(3):
-        await asyncio.sleep(0)
+    await loop_turns()
     assert h.replies[-1].status == StatusCode.IO_ERROR
+
+
+async def test_a_listing_gives_up_on_a_stuck_sync_with_io_error_and_leaves_it_running():
+    h = Harness(list_sync_timeout_s=0.05)
+    release = asyncio.Event()
+    finished: list[bool] = []
+
+    async def sync_engine(needed) -> None:  # a checkpoint stuck on the disk, then done
+        await release.wait()
+        finished.append(True)
+
+    h.handler.sync_engine = sync_engine
+    batch(h, [(0, b"a")], flags=DEFERRED)
+    answered: asyncio.Future = asyncio.get_running_loop().create_future()
+    h.handler.handle(ListEntriesRequest(99, L, 0, 100), answered.set_result)
+    answer = await asyncio.wait_for(answered, 5)
+    assert answer.status == StatusCode.IO_ERROR  # never a listing it cannot vouch for
+    assert h.handler.deferred.pending(L)
+    release.set()
+    await loop_turns()
+    assert finished == [True]  # the checkpoint was not cut short by the listing giving up
 
 
 async def test_listings_waiting_behind_one_checkpoint_share_it(tmp_path):

@@ -36,6 +36,8 @@ def test_the_integrity_check_interval_may_be_zero_meaning_at_boot_only():
         BookieConfig.from_mapping({"data_integrity_check_interval_s": -1})
     with pytest.raises(ConfigError, match="handshake_timeout_s"):
         BookieConfig.from_mapping({"handshake_timeout_s": 0})
+    with pytest.raises(ConfigError, match="list_sync_timeout_s"):
+        BookieConfig.from_mapping({"list_sync_timeout_s": 0})
 
 
 def test_a_bookie_started_with_a_nan_timeout_exits_2_naming_the_key(tmp_path):

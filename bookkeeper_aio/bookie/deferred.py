@@ -15,10 +15,11 @@ only after a listing of the target found the copies (autorecovery/worker.py). So
 * every engine sync (the bookie's checkpoint) notes when it begins and, once it returned,
   clears the ledgers whose copies were stored before it began;
 * a ``ListEntriesRequest`` of a ledger with copies not yet synced waits for such a sync first
-  (bookie/handler.py): whatever a listing reports is durable. Checkpoints run one at a time,
-  each numbered when it begins (not when it was asked for), and a listing's checkpoint whose
-  turn comes after another covered its ledger is skipped: the listings of autorecovery's
-  workers, arriving together, share one engine flush instead of queueing one each.
+  (bookie/handler.py; at most ``list_sync_timeout_s``, then IO_ERROR): whatever a listing
+  reports is durable. Checkpoints run one at a time, each numbered when it begins (not when
+  it was asked for), and a listing's checkpoint whose turn comes after another covered its
+  ledger is skipped: the listings of autorecovery's workers, arriving together, share one
+  engine flush instead of queueing one each.
 
 A crash before that sync loses the copies (the rocksdb engine keeps them in its memtable, which
 no journal covers); the listing after the restart finds them missing and they are copied

@@ -873,12 +873,22 @@ class RequestHandler:
 
     async def _list_durable(self, req: ListEntriesRequest, reply: Reply) -> None:
         assert self.sync_engine is not None
+        timeout_s = self.config.list_sync_timeout_s
         try:
             pending = partial(self.deferred.pending, req.ledger_id)
-            for _ in range(LIST_SYNCS_MAX):
-                if not pending():
-                    break
-                await self.sync_engine(pending)  # a sync that ran meanwhile may have done it
+            async with asyncio.timeout(timeout_s):
+                for _ in range(LIST_SYNCS_MAX):
+                    if not pending():
+                        break
+                    # The checkpoint skips itself if one before it covered the ledger.
+                    # Shielded: a listing that gives up leaves it to finish, not cut short.
+                    sync = asyncio.ensure_future(self.sync_engine(pending))
+                    sync.add_done_callback(_consume)
+                    await asyncio.shield(sync)
+        except TimeoutError:
+            message = f"engine sync for ledger {req.ledger_id}'s copies took over {timeout_s} s"
+            self._failed(req, reply, TimeoutError(message))
+            return
         except Exception as exc:  # the copies may not be durable: no listing
             self._failed(req, reply, exc)
             return
@@ -945,6 +955,12 @@ def to_ranges(ids: list[int]) -> list[list[int]]:
         else:
             ranges.append([i, i])
     return ranges
+
+
+def _consume(task: asyncio.Future[None]) -> None:
+    """Retrieve a task's failure (its awaiter may have given up on it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _ignore(exc: BaseException | None) -> None:
