@@ -95,9 +95,10 @@ def copy_limit(
         for buffer in buffers:
             free.put(buffer)
         failed: list[BaseException] = []
+        stop = threading.Event()
         start = time.perf_counter()
         reader = threading.Thread(
-            target=_read_ahead, args=(src, total_bytes, chunk_bytes, free, full, failed)
+            target=_read_ahead, args=(src, total_bytes, chunk_bytes, free, full, failed, stop)
         )
         reader.start()
         copied = 0
@@ -113,7 +114,8 @@ def copy_limit(
             os.fdatasync(fd)
         finally:
             os.close(fd)
-            for buffer in buffers:  # a reader still waiting for one (the writer failed) ends
+            stop.set()  # the writer failed: the reader ends at its next chunk
+            for buffer in buffers:  # (and wakes up if it waits for a free buffer)
                 free.put(buffer)
             reader.join()
         elapsed = time.perf_counter() - start
@@ -134,14 +136,17 @@ def _read_ahead(
     free: queue.Queue[mmap.mmap],
     full: queue.Queue[tuple[mmap.mmap, int] | None],
     failed: list[BaseException],
+    stop: threading.Event,
 ) -> None:
     """:func:`copy_limit`'s reader: each chunk into a free buffer, handed to the writer; it
-    stops at the first short read or error (``failed``)."""
+    stops at the first short read or error (``failed``), or once ``stop`` is set."""
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
             for offset in range(0, total_bytes, chunk_bytes):
                 buffer = free.get()
+                if stop.is_set():
+                    break
                 if os.preadv(fd, [buffer], offset) != chunk_bytes:
                     raise OSError(f"short read at {offset}")
                 full.put((buffer, offset))

@@ -5,11 +5,13 @@ beyond "something was measured": this is a 2-core shared machine."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -260,6 +262,31 @@ def test_copy_limit_copies_whole_chunks_and_removes_its_files(tmp_path):
     assert result["copy_bytes"] == 5 << 20  # whole chunks
     assert result["copy_mib_per_s"] > 0
     assert list(tmp_path.iterdir()) == []  # source and copy removed
+
+
+def test_copy_limit_ends_when_its_writes_fail(tmp_path, monkeypatch):
+    """A failed sync (here: every one) raises, and the reader thread ends with it."""
+
+    def failing_sync(fd):
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(os, "fdatasync", failing_sync)
+    outcome: list[BaseException] = []
+    threads_before = threading.active_count()
+
+    def run() -> None:
+        try:
+            copy_limit(tmp_path, 16 << 20, chunk_bytes=1 << 20, sync_bytes=1 << 20)
+        except OSError as exc:
+            outcome.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    assert not runner.is_alive(), "copy_limit hung after a failed write"
+    assert len(outcome) == 1 and "injected" in str(outcome[0])
+    assert threading.active_count() <= threads_before  # its reader is gone too
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_scrub_with_and_without(tmp_path):
