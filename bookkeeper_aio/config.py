@@ -207,6 +207,7 @@ class BookieConfig(AutorecoverySettings):
     # 0: the integrity check runs at boot only.
     ZERO_ALLOWED: ClassVar[frozenset[str]] = AutorecoverySettings.ZERO_ALLOWED | {
         "data_integrity_check_interval_s",
+        "engine_copy_file_bytes",
         "engine_write_rate_bytes_per_s",
         "gc_interval_s",
         "gc_overreplicated_wait_s",
@@ -233,6 +234,11 @@ class BookieConfig(AutorecoverySettings):
     # the benchmarks' VM (docs/performance.md). The flushes must keep up with the adds
     # (entries/s x entry bytes, plus compactions with many ledgers). 0: no limit.
     engine_write_rate_bytes_per_s: int = 64 * MiB
+    # rocksdb: autorecovery's deferred-sync copies are written into SST files of about this
+    # many bytes and ingested at the next engine sync, around the memtables and the rate limit
+    # above (engines/copy_files.py); the copy is paced by replication_rate_bytes_per_s instead.
+    # 0: through the memtables, paced with the writers' flushes.
+    engine_copy_file_bytes: int = 64 * MiB
 
     # Wire limits.
     frame_bytes_max: int = 5 * MiB  # like BookKeeper's nettyMaxFrameSizeBytes

@@ -90,6 +90,7 @@ class Engine(Protocol):
         entries: list[tuple[int, Record]],
         packed: bytes | None = None,
         recovery: bool = False,
+        deferred: bool = False,
     ) -> None:
         """Store (entry id, record) pairs of one ledger, in order: ``put_entry`` for each,
         with the per-call work done once (the bookie's batched adds). A record may be a view
@@ -97,7 +98,11 @@ class Engine(Protocol):
         is the same entries as an add batch carries them (``protocol.PACKED_ENTRY_PREFIX``,
         then the record, per entry), which an engine may store as they are. ``recovery``:
         written by a recovery add (a copy autorecovery makes, a recovery's write-back),
-        which an engine may store apart from what writers add (the rocksdb engine does)."""
+        which an engine may store apart from what writers add (the rocksdb engine does).
+        ``deferred``: recovery adds nothing relies on before the next ``sync()`` (autorecovery's
+        deferred-sync copies, bookie/deferred.py), which an engine may write outside its
+        write path as long as reads still see them (the rocksdb engine: SST files it ingests,
+        engines/copy_files.py)."""
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The record of an entry, or None if absent."""

@@ -23,6 +23,7 @@ def open_engine(
     blob_files: bool = False,
     write_behind_bytes: int = 0,
     write_rate_bytes_per_s: int = 0,
+    copy_file_bytes: int = 0,
 ) -> Engine:
     """Open the named engine over ``ledger_dirs`` (one engine per dir, sharded if several).
 
@@ -34,7 +35,9 @@ def open_engine(
     ``write_behind_bytes``: rocksdb, journaled only: puts gather in one write batch up to this
     many bytes before they reach the DB (reads write it first); the other engines ignore it.
     ``write_rate_bytes_per_s``: rocksdb: its flushes and compactions write at most this fast
-    (0: no limit); the other engines ignore it.
+    (0: no limit); the other engines ignore it. ``copy_file_bytes``: rocksdb: deferred-sync
+    copies go into SST files of about this many bytes, ingested at ``sync()``
+    (engines/copy_files.py; 0: through the memtables); the other engines ignore it.
 
     Raises:
         ConfigError: unknown engine name or no ledger dir.
@@ -57,7 +60,8 @@ def open_engine(
         def make(d: str) -> Engine:
             return RocksDBEngine(d, wal=not journaled, direct_io=direct_io, blob_files=blob_files,
                                  write_behind_bytes=write_behind_bytes,
-                                 write_rate_bytes_per_s=write_rate_bytes_per_s)  # fmt: skip
+                                 write_rate_bytes_per_s=write_rate_bytes_per_s,
+                                 copy_file_bytes=copy_file_bytes)  # fmt: skip
     else:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
     shards: list[Engine] = []
@@ -101,8 +105,9 @@ class ShardedEngine:
         entries: list[tuple[int, Record]],
         packed: bytes | None = None,
         recovery: bool = False,
+        deferred: bool = False,
     ) -> None:
-        self._shard(ledger_id).put_entries(ledger_id, entries, packed, recovery)
+        self._shard(ledger_id).put_entries(ledger_id, entries, packed, recovery, deferred)
 
     def write_pressure(self) -> bool:
         return any(shard.write_pressure() for shard in self.shards)

@@ -216,6 +216,7 @@ class FilesEngine:
         entries: list[tuple[int, Record]],
         packed: bytes | None = None,
         recovery: bool = False,
+        deferred: bool = False,
     ) -> None:
         for entry_id, record in entries:
             self.put_entry(ledger_id, entry_id, record)

@@ -74,6 +74,11 @@ for it), and ``reclaim_space`` moves every live payload once less than ``live_ra
 family's blob bytes is live (BookKeeper's compaction threshold for entry logs).
 Writers' adds stay in the entries' family, where one ledger's SSTs only move down the levels
 (blob files there cost one ledger 4-8 %: ``blob_files``).
+Deferred-sync copies (``put_entries(..., deferred=True)``, autorecovery's) reach ``copies``
+another way when ``copy_file_bytes`` is set: written into SST files of their own and ingested
+at ``sync()``, they skip the memtables and the flushes' pacing (engines/copy_files.py). Their
+index entries in ``batches`` are written only once their file is ingested, and reads or
+listings of a ledger with files not ingested yet ingest them first.
 
 Big-endian ids make byte order numeric order, so a ledger's batches and its entries are each one
 contiguous key range (``seek`` walks it, ``seek_for_prev`` finds its last, ``delete_range``
@@ -125,6 +130,7 @@ from rocksdict import (
     CompactOptions,
     DBCompressionType,
     DBRecoveryMode,
+    IngestExternalFileOptions,
     Options,
     Rdict,
     RdictIter,
@@ -136,6 +142,9 @@ from rocksdict import (
 from bookkeeper_aio.direct_io import supports_direct_io
 from bookkeeper_aio.engine import LedgerInfo, Record
 from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
+
+from .copy_files import DIR_NAME as COPY_DIR_NAME
+from .copy_files import CopyFile, CopyFiles, sync_data
 
 _ENTRY_KEY = struct.Struct(">cQQ")
 _BATCH_KEY = struct.Struct(">cQQQ")
@@ -196,6 +205,7 @@ class RocksDBEngine:
         batch_cache_bytes: int = 8 << 20,
         write_behind_bytes: int = 0,
         write_rate_bytes_per_s: int = 0,
+        copy_file_bytes: int = 0,
     ) -> None:
         self.directory = os.path.abspath(directory)
         self._wal = wal
@@ -246,7 +256,14 @@ class RocksDBEngine:
         self._flushed_at = 0  # _put_bytes when sync() last flushed the memtables (wal=False)
         self._memtable_bytes = memtable_bytes
         self._syncs = 0
+        # Deferred-sync copies go into SST files ingested at sync (engines/copy_files.py).
+        self._copy_files: CopyFiles | None = None
+        self._ingest_opt = IngestExternalFileOptions()
+        self._ingest_opt.set_move_files(True)  # a hard link: the payload is written once
         try:
+            if copy_file_bytes > 0:
+                self._copy_files = CopyFiles(os.path.join(self.directory, COPY_DIR_NAME),
+                                             copy_file_bytes)  # fmt: skip
             self._load()
         except BaseException:
             self._release()
@@ -362,6 +379,7 @@ class RocksDBEngine:
         entries: list[tuple[int, Record]],
         packed: bytes | None = None,
         recovery: bool = False,
+        deferred: bool = False,
     ) -> None:
         if not entries:
             return
@@ -375,6 +393,8 @@ class RocksDBEngine:
                 packed = b"".join(parts)
             key = _BATCH_KEY.pack(b"b", ledger_id, first, last)
             count = _COUNT.pack(len(entries))
+            if deferred and recovery and self._copy_to_file(ledger_id, key, packed, count, last):
+                return
             with self._lock:
                 batch = self._stage()
                 if recovery:
@@ -405,6 +425,57 @@ class RocksDBEngine:
             last = max(last, max(entries)[0])
         self._last[ledger_id] = last
 
+    def _copy_to_file(
+        self, ledger_id: int, key: bytes, packed: bytes, count: bytes, last: int
+    ) -> bool:
+        """Put a batch of deferred copies (ids up to ``last``) into the ledger's copy file,
+        if the engine has them and one can take it (engines/copy_files.py)."""
+        if self._copy_files is None:
+            return False
+        with self._lock:  # with the last id: a failed ingestion forgets it under the lock
+            if not self._copy_files.add(ledger_id, key, bytes(packed), count + _IN_COPIES):
+                return False
+            self._last[ledger_id] = last
+        self._batched.add(ledger_id)
+        # Its batches in the memtable lie below these, which are on the disk once ingested:
+        # no read of the ledger counts on the memtable until its next batch there.
+        self._recent_from.pop(ledger_id, None)
+        return True
+
+    def _ingest_copies(self, ledger_id: int) -> None:
+        """Ingest the ledger's copy files now (a read or listing of it; ``_lock`` held)."""
+        assert self._copy_files is not None
+        self._ingest_files(self._copy_files.take(ledger_id))
+
+    def _ingest_files(self, files: list[CopyFile]) -> None:
+        """Ingest copy files and write their index entries (``_lock`` held). A failure loses
+        the failed file's ledger's copies (engines/copy_files.py): its last id is looked up
+        again."""
+        assert self._copy_files is not None, "engine is closed"
+        try:
+            self._copy_files.ingest(files, self._ingest_file, self._write_index)
+        except OSError:
+            for file in files:
+                if not self._copy_files.pending(file.ledger_id):
+                    self._last.pop(file.ledger_id, None)
+            raise
+
+    def _ingest_file(self, path: str) -> None:
+        assert self._copies_db is not None, "engine is closed"
+        self._copies_db.ingest_external_file([path], self._ingest_opt)
+
+    def _write_index(self, index: list[tuple[bytes, bytes]]) -> None:
+        """Write ingested batches' index entries into BATCHES_CF (``_lock`` held): only now,
+        after their payloads are in the DB, so that no index entry points at a lost one."""
+        if index:
+            batch = self._stage()
+            for key, value in index:
+                batch.put(key, value, self._batches_cf)
+            self._write_staged()
+
+    def _copies_pending(self, ledger_id: int) -> bool:
+        return self._copy_files is not None and self._copy_files.pending(ledger_id)
+
     def put_ledger(self, ledger_id: int, info: LedgerInfo) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.put(info_key(ledger_id), info.to_bytes(), self._infos_cf)
@@ -417,6 +488,8 @@ class RocksDBEngine:
         ):
             return
         with self._lock:
+            if self._copy_files is not None:
+                self._copy_files.drop(ledger_id)
             batch = self._stage()  # after the ledger's staged puts, so that it deletes them too
             # 17 bytes of 0xff sort after every key of this ledger (ids up to 2**64-1).
             start = _LEDGER_KEY.pack(b"e", ledger_id)
@@ -483,6 +556,8 @@ class RocksDBEngine:
             return True  # entry keys only (a point lookup, Bloom-filtered), or nothing
         if entry_id > self.last_entry_id(ledger_id):
             return True  # absent
+        if self._copies_pending(ledger_id):
+            return False  # its copy files are ingested first
         self._forget_flushed()
         recent_from = self._recent_from.get(ledger_id)
         if recent_from is not None and entry_id >= recent_from:
@@ -497,6 +572,8 @@ class RocksDBEngine:
             return None  # past the last entry: absent, without reading anything
         with self._lock:
             assert self._db is not None, "engine is closed"
+            if self._copies_pending(ledger_id):
+                self._ingest_copies(ledger_id)
             self._write_staged()
             if ledger_id in self._singles:  # an entry key is the newest copy (module doc)
                 assert self._singles_db is not None
@@ -590,6 +667,8 @@ class RocksDBEngine:
         if max_count <= 0:
             return []
         with self._lock:
+            if self._copies_pending(ledger_id):
+                self._ingest_copies(ledger_id)
             ids = self._iterate(lambda it: _db_ids(it, ledger_id, start, max_count),
                                 self._singles_db)  # fmt: skip
             if ledger_id in self._batched:
@@ -610,9 +689,12 @@ class RocksDBEngine:
 
     def statistics(self) -> dict[str, int]:
         """Counters for metrics: ledgers, syncs."""
+        files = self._copy_files
         return {
             "ledgers": len(self._singles.union(self._batched, self._infos)),
             "syncs": self._syncs,
+            "copy_files_ingested": files.ingested_files if files else 0,
+            "copy_bytes_ingested": files.ingested_bytes if files else 0,
         }
 
     # ----- space
@@ -653,6 +735,11 @@ class RocksDBEngine:
                 assert db and infos and batches and copies and singles, "engine is closed"
                 self._write_staged()
                 put_bytes = self._put_bytes
+                files = self._copy_files.seal_all() if self._copy_files is not None else []
+            if files:  # the copy files: their bulk synced here, then ingested under the lock
+                sync_data(files)
+                with self._lock:
+                    self._ingest_files(files)
             # The durability point; both release the GIL while they write and fsync. One WAL
             # serves every column family; without it, each flushes its own memtable.
             if self._wal:
@@ -684,6 +771,8 @@ class RocksDBEngine:
             self._copies_db = self._copies_cf = None
             self._singles_db = self._singles_cf = None
             self._staged, self._staged_bytes = None, 0  # close() synced them; else a failure
+            if self._copy_files is not None:
+                self._copy_files.close()
             if db is not None:
                 db.close()
             del db

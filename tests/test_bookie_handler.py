@@ -274,21 +274,29 @@ def test_a_multi_add_meeting_a_failed_journal_answers_every_stored_part_once():
 class FlagRecordingEngine(MemoryEngine):
     def __init__(self) -> None:
         super().__init__()
-        self.calls: list[tuple[list[int], bool]] = []
+        self.calls: list[tuple[list[int], bool, bool]] = []
 
-    def put_entries(self, ledger_id, entries, packed=None, recovery=False):
-        self.calls.append(([e for e, _ in entries], recovery))
-        super().put_entries(ledger_id, entries, packed, recovery)
+    def put_entries(self, ledger_id, entries, packed=None, recovery=False, deferred=False):
+        self.calls.append(([e for e, _ in entries], recovery, deferred))
+        super().put_entries(ledger_id, entries, packed, recovery, deferred)
 
 
-def test_the_engine_is_told_which_adds_are_recovery_adds():
-    """The rocksdb engine keeps recovery adds (autorecovery's copies) apart, in blob files."""
+def test_the_engine_is_told_which_adds_are_recovery_adds_and_deferred_copies():
+    """The rocksdb engine keeps recovery adds (autorecovery's copies) apart, in blob files,
+    and writes deferred-sync copies into files it ingests at its sync."""
     h = Harness(FlagRecordingEngine())
     batch(h, [(0, b"a"), (1, b"b")])
     batch(h, [(2, b"c"), (3, b"d")], flags=ADD_FLAG_RECOVERY)
     h.add(4, flags=ADD_FLAG_RECOVERY)
     h.add(5)
-    assert h.engine.calls == [([0, 1], False), ([2, 3], True), ([4], True), ([5], False)]
+    batch(h, [(6, b"e"), (7, b"f")], flags=ADD_FLAG_RECOVERY | ADD_FLAG_DEFERRED_SYNC)
+    assert h.engine.calls == [
+        ([0, 1], False, False),
+        ([2, 3], True, False),
+        ([4], True, False),
+        ([5], False, False),
+        ([6, 7], True, True),
+    ]
 
 
 def test_digest_mismatch_is_rejected_and_nothing_is_stored():

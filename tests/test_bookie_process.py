@@ -113,16 +113,20 @@ async def _listed(client: BookieClient, ledger_id: int) -> list[list[int]]:
 
 
 async def test_deferred_sync_copies_a_listing_reported_survive_kill_9(tmp_path):
-    """Autorecovery's copies skip the journal (RocksDB then has no WAL either): a kill -9
-    before any sync loses them, as the simulator models; once a listing reported them (it
-    waits for an engine sync first) they survive."""
+    """Autorecovery's copies skip the journal (and RocksDB's memtables: they go into a copy
+    file ingested at the engine's sync): a kill -9 before any sync loses them, as the
+    simulator models; once a listing reported them (it waits for an engine sync first) they
+    survive."""
     bookie = BookieProcess(tmp_path, "rocksdb", "--set", "checkpoint_interval_s=3600").start()
     try:
         client = await BookieClient.connect(TcpNetwork(), bookie.address, CONFIG)
         await _copy_deferred(client, 5, range(0, 50))
         await client.close()
-        bookie.kill()  # no sync since the copies: the memtable is gone
+        bookie.kill()  # no sync since the copies: their copy file was never ingested
+        staged = tmp_path / "ledgers" / "copy-files"  # (engines/copy_files.py)
+        assert [p.suffix for p in staged.iterdir()] == [".sst"]
         bookie.start()
+        assert list(staged.iterdir()) == []  # a crash's leftovers go on open
         client = await BookieClient.connect(TcpNetwork(), bookie.address, CONFIG)
         assert await _listed(client, 5) == []
         await _copy_deferred(client, 5, range(0, 50))

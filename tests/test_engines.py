@@ -7,6 +7,7 @@ directory for the others (their crashes are real: a child process SIGKILLs itsel
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 import engines
 from bookkeeper_aio.engine import Engine, LedgerInfo
 from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
-from engines import files_compaction
+from engines import copy_files, files_compaction
 from engines.files import FilesEngine, LogCorruptError
 from engines.memory import MemoryDisk, MemoryEngine
 from engines.rocksdb import (
@@ -62,8 +63,9 @@ def open_kind(kind: str, path: str, disk: MemoryDisk | None = None) -> Engine:
         )
     assert kind in ("rocksdb", "rocksdb-nowal")
     # Without its WAL a bookie's engine stages puts (engine_write_behind_bytes); 4 KiB here,
-    # so the tests see writes both staged and past the bound.
-    return RocksDBEngine(path, wal=kind == "rocksdb", write_behind_bytes=4096)
+    # so the tests see writes both staged and past the bound. Copy files of 8 KiB: deferred
+    # copies cross files too.
+    return RocksDBEngine(path, wal=kind == "rocksdb", write_behind_bytes=4096, copy_file_bytes=8192)
 
 
 @dataclass
@@ -524,6 +526,100 @@ def test_rocksdb_gives_back_the_space_of_deleted_copies(tmp_path: Path) -> None:
     e.close()
 
 
+@pytest.mark.parametrize("wal", [True, False])
+def test_rocksdb_ingests_deferred_copies_from_files_around_the_memtables(
+    tmp_path: Path, wal: bool
+) -> None:
+    """Deferred-sync copies go into SST files (engines/copy_files.py), never into a memtable,
+    roll at copy_file_bytes, and are ingested at sync: the files leave the staging dir, the
+    copies are read and listed, and they stay after a reopen. Reads see them before."""
+    record = os.urandom(10_000)
+    e = RocksDBEngine(str(tmp_path), wal=wal, copy_file_bytes=350_000)
+    staging = tmp_path / "copy-files"
+    for first in range(0, 200, 10):  # 2 MB in batches of 100 kB: a file per 4 batches
+        e.put_entries(1, [(i, record) for i in range(first, first + 10)], recovery=True,
+                      deferred=True)  # fmt: skip
+    e.put_entries(1, [(200, b"a writer's add")])  # the memtable, above the copies
+    copies = e._copies_db
+    assert copies is not None
+    assert copies.property_int_value("rocksdb.num-entries-active-mem-table") == 0
+    assert len(list(staging.iterdir())) == 5
+    assert e.last_entry_id(1) == 200 and e.ledgers() == [1]
+    e.sync()
+    assert list(staging.iterdir()) == []
+    stats = e.statistics()
+    assert stats["copy_files_ingested"] == 5 and stats["copy_bytes_ingested"] > 200 * len(record)
+    assert copies.property_int_value("rocksdb.num-entries-active-mem-table") == 0
+    assert (copies.property_int_value("rocksdb.total-sst-files-size") or 0) > 200 * len(record)
+    del copies  # a family's handle holds the DB's LOCK
+    # before a sync: a read or a listing ingests the ledger's files first
+    e.put_entries(2, [(0, record), (1, b"b")], recovery=True, deferred=True)
+    assert not e.can_read_now(2, 1) and e.get_entry(2, 1) == b"b"
+    e.put_entries(3, [(0, b"c")], recovery=True, deferred=True)
+    assert e.list_entries(3, 0, 10) == [0] and list(staging.iterdir()) == []
+    for _ in range(2):  # and after a reopen
+        assert all(e.get_entry(1, i) == record for i in range(200))
+        assert e.get_entry(1, 200) == b"a writer's add"
+        assert e.list_entries(1, 195, 10) == list(range(195, 201))
+        assert (e.get_entry(2, 0), e.get_entry(3, 0)) == (record, b"c")
+        e.close()
+        e = RocksDBEngine(str(tmp_path), wal=wal, copy_file_bytes=350_000)
+    e.close()
+
+
+def test_rocksdb_copy_files_of_a_deleted_ledger_go_and_a_crash_leaves_none(
+    tmp_path: Path,
+) -> None:
+    """A delete drops the ledger's copy files; files a crash left behind (never ingested,
+    so never listed) are removed on open; past OPEN_LEDGERS_MAX ledgers copies go through
+    the memtables."""
+    e = RocksDBEngine(str(tmp_path), copy_file_bytes=1 << 20)
+    staging = tmp_path / "copy-files"
+    e.put_entries(1, [(0, b"x" * 500)], recovery=True, deferred=True)
+    e.delete_ledger(1)
+    assert list(staging.iterdir()) == [] and e.get_entry(1, 0) is None and e.ledgers() == []
+    for lid in range(copy_files.OPEN_LEDGERS_MAX + 1):
+        e.put_entries(lid, [(0, b"y" * 500)], recovery=True, deferred=True)
+    assert len(list(staging.iterdir())) == copy_files.OPEN_LEDGERS_MAX
+    copies = e._copies_db
+    assert copies is not None
+    assert copies.property_int_value("rocksdb.num-entries-active-mem-table") == 2  # key, index
+    del copies  # a family's handle holds the DB's LOCK
+    assert all(e.get_entry(lid, 0) == b"y" * 500 for lid in range(17))
+    e.close()
+    (staging / "5-99.sst").write_bytes(b"a file a crash cut short")
+    e = RocksDBEngine(str(tmp_path), copy_file_bytes=1 << 20)
+    assert list(staging.iterdir()) == [] and e.get_entry(5, 0) == b"y" * 500
+    e.close()
+
+
+def test_rocksdb_a_copy_file_that_fails_to_ingest_loses_its_copies_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ingestion that fails is an I/O error of the sync, and the failed ledger's copies
+    are lost as in a crash: not listed, not read, its last id back to what the DB holds;
+    nothing half-ingested points anywhere, and later copies work."""
+    e = RocksDBEngine(str(tmp_path), copy_file_bytes=1 << 20)
+    e.put_entries(1, [(0, b"kept")])
+    e.put_entries(1, [(1, b"lost"), (2, b"lost")], recovery=True, deferred=True)
+    assert e.last_entry_id(1) == 2
+
+    def fail(path: str) -> None:
+        raise Exception(f"IO error: no space left writing {path}")  # as rocksdict raises
+
+    monkeypatch.setattr(e, "_ingest_file", fail)
+    with pytest.raises(OSError, match="no space left") as failed:
+        e.sync()
+    assert failed.value.errno == errno.EIO
+    assert e.last_entry_id(1) == 0 and e.list_entries(1, 0, 10) == [0]
+    assert e.get_entry(1, 1) is None and list((tmp_path / "copy-files").iterdir()) == []
+    monkeypatch.undo()
+    e.put_entries(1, [(1, b"again")], recovery=True, deferred=True)
+    e.sync()
+    assert e.list_entries(1, 0, 10) == [0, 1] and e.get_entry(1, 1) == b"again"
+    e.close()
+
+
 def test_rocksdb_copies_batch_keys_of_an_older_dir_to_their_column_family(tmp_path: Path) -> None:
     from rocksdict import Options, Rdict
 
@@ -816,12 +912,26 @@ def crash_phase(e: Engine, phase: str) -> None:
             e.put_ledger(lid, LedgerInfo(master_key=b"k%d" % lid, fenced=True))
         e.delete_ledger(4)
         e.put_entry(6, 0, b"unsynced ledger")
+    # autorecovery's deferred-sync copies: ledger 8's synced, ledger 9's not
+    copies = 8 if phase == "synced" else 9
+    for first in range(0, 40, 8):
+        batch = [(i, data(copies, i, sizes[i % len(sizes)])) for i in range(first, first + 8)]
+        e.put_entries(copies, batch, recovery=True, deferred=True)
 
 
 def check_after_crash(e: Engine) -> None:
     """Every synced write is there (or a later one of the same key); nothing is torn."""
     assert e.get_ledger(5) is None and e.get_entry(5, 0) is None
-    assert set(e.ledgers()) <= {1, 2, 3, 4, 6, 7}  # 7: written after the crash
+    assert set(e.ledgers()) <= {1, 2, 3, 4, 6, 7, 8, 9}  # 7: written after the crash
+    sizes = [0, 1, 100, 1000, 5000, 70000]
+    assert all(e.get_entry(8, i) == data(8, i, sizes[i % 6]) for i in range(40))
+    assert e.list_entries(8, 0, 100) == list(range(40))
+    # ledger 9's copies: lost or whole, and listed exactly when readable
+    listed = e.list_entries(9, 0, 100)
+    for entry_id in range(40):
+        got = e.get_entry(9, entry_id)
+        assert got in (None, data(9, entry_id, sizes[entry_id % 6]))
+        assert (got is not None) == (entry_id in listed)
     for lid in (1, 2, 3, 4):
         if lid == 4 and 4 not in e.ledgers():  # the unsynced delete survived: all of it
             assert (e.get_entry(4, 0), e.get_ledger(4)) == (None, None)
@@ -1177,6 +1287,14 @@ operations = st.lists(
             ),
             st.booleans(),  # with the packed form
         ),
+        st.tuples(
+            st.just("copies"),  # autorecovery's deferred-sync copies (rocksdb: copy files)
+            ledger_ids,
+            st.lists(
+                st.tuples(st.sampled_from([0, 1, 2, 4, 5, 6, 9, 1024]), st.binary(max_size=3000)),
+                max_size=6,
+            ),
+        ),
         st.tuples(st.just("info"), ledger_ids, st.booleans(), st.binary(max_size=8)),
         st.tuples(st.just("delete"), ledger_ids),
         st.tuples(st.just("sync")),
@@ -1226,6 +1344,9 @@ def _apply(s: Store, e: Engine, model: Model, op: tuple[object, ...]) -> Engine:
         case ("puts", int(lid), list(entries), bool(with_packed)):
             packed = pack_add_records(entries) if with_packed else None
             e.put_entries(lid, entries, packed)
+            model.entries.setdefault(lid, {}).update(entries)
+        case ("copies", int(lid), list(entries)):
+            e.put_entries(lid, entries, recovery=True, deferred=True)
             model.entries.setdefault(lid, {}).update(entries)
         case ("info", int(lid), bool(fenced), bytes(key)):
             e.put_ledger(lid, LedgerInfo(master_key=key, fenced=fenced))

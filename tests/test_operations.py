@@ -23,7 +23,13 @@ from bookkeeper_aio.digest import entry_digest, master_key
 from bookkeeper_aio.metadata.store import open_metadata_store
 from bookkeeper_aio.metadata.underreplication import Missing, mark_under_replicated
 from bookkeeper_aio.net import TcpNetwork
-from bookkeeper_aio.protocol import AddRequest, ReadRequest
+from bookkeeper_aio.protocol import (
+    ADD_FLAG_DEFERRED_SYNC,
+    ADD_FLAG_RECOVERY,
+    AddRequest,
+    ListEntriesRequest,
+    ReadRequest,
+)
 from bookkeeper_aio.sandbox import BookieProcess, free_port, wait_registered
 
 KEY = master_key(b"ops")
@@ -79,6 +85,13 @@ async def test_metrics_of_a_bookie_process_parse_and_count_its_work(tmp_path):
             await asyncio.gather(*adds)
             for e in range(10):
                 await client.request(ReadRequest, 7, e, 0, None, -1, 0)
+            # autorecovery's copies, ingested as a file once a listing syncs them
+            copy = ADD_FLAG_RECOVERY | ADD_FLAG_DEFERRED_SYNC
+            for e in range(5):
+                digest = entry_digest(8, e, e - 1, payload)
+                await client.request(AddRequest, 8, e, copy, KEY, e - 1, payload, digest)
+            listed = await client.request(ListEntriesRequest, 8, 0, 100)
+            assert listed.ranges == [[0, 4]]
         finally:
             await client.close()
         status, content_type, text = await http("GET", url)
@@ -87,9 +100,14 @@ async def test_metrics_of_a_bookie_process_parse_and_count_its_work(tmp_path):
     assert status == 200 and content_type == "text/plain"
     m = metrics(text)
     assert (
-        value(m["bookkeeper_bookie_entries_added"], "bookkeeper_bookie_entries_added_total") == 50
+        value(m["bookkeeper_bookie_entries_added"], "bookkeeper_bookie_entries_added_total") == 55
     )
+    ingested = "bookkeeper_bookie_copy_files_ingested"
+    assert value(m[ingested], ingested + "_total") == 1
+    ingested = "bookkeeper_bookie_copy_bytes_ingested"
+    assert value(m[ingested], ingested + "_total") > 5 * len(payload)
     add = m["bookkeeper_bookie_add_request_seconds"]
+    # (the copies are answered before anything is durable: not timed there)
     assert value(add, "bookkeeper_bookie_add_request_seconds_count") == 50
     assert value(add, "bookkeeper_bookie_add_request_seconds_bucket", le="+Inf") == 50
     assert value(add, "bookkeeper_bookie_add_request_seconds_sum") > 0
@@ -115,7 +133,7 @@ async def test_metrics_of_a_bookie_process_parse_and_count_its_work(tmp_path):
         dir=ledger_dir,
     )
     assert 0 < free <= total
-    assert value(m["bookkeeper_bookie_ledgers"], "bookkeeper_bookie_ledgers") == 1
+    assert value(m["bookkeeper_bookie_ledgers"], "bookkeeper_bookie_ledgers") == 2
     limit = BookieConfig().journal_queue_bytes_max
     name = "bookkeeper_bookie_journal_queue_bytes_max"
     assert value(m[name], name) == limit

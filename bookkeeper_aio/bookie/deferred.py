@@ -21,10 +21,10 @@ only after a listing of the target found the copies (autorecovery/worker.py). So
   ledger is skipped: the listings of autorecovery's workers, arriving together, share one
   engine flush instead of queueing one each.
 
-A crash before that sync loses the copies (the rocksdb engine keeps them in its memtable, which
-no journal covers); the listing after the restart finds them missing and they are copied
-again. The state is a dict of ledger ids, emptied by every checkpoint
-(``checkpoint_interval_s``).
+A crash before that sync loses the copies (the rocksdb engine keeps them in SST files it
+ingests at its sync, engines/copy_files.py, or in its memtable, which no journal covers); the
+listing after the restart finds them missing and they are copied again. The state is a dict
+of ledger ids, emptied by every checkpoint (``checkpoint_interval_s``).
 """
 
 from __future__ import annotations

@@ -584,7 +584,7 @@ class RequestHandler:
         if len(stored) < len(statuses):
             self._refused(statuses)
             packed = None
-        self.engine.put_entries(lid, stored, packed, bool(recovery))
+        self.engine.put_entries(lid, stored, packed, bool(recovery), bool(deferred))
         self.counters["adds"] += len(stored)
         if self.on_engine_pressure is not None:
             self._unchecked_bytes += (

@@ -73,8 +73,9 @@ class DirShard:
         entries: list[tuple[int, Record]],
         packed: bytes | None = None,
         recovery: bool = False,
+        deferred: bool = False,
     ) -> None:
-        self._call(self.engine.put_entries, ledger_id, entries, packed, recovery)
+        self._call(self.engine.put_entries, ledger_id, entries, packed, recovery, deferred)
 
     def write_pressure(self) -> bool:
         return self.failed is None and self.engine.write_pressure()
@@ -178,7 +179,16 @@ class LedgerDirs(ShardedEngine):
             callback(shard.directory, ledgers, self.good)
 
     def statistics(self) -> dict[str, Any]:
-        return {
+        stats: dict[str, Any] = {
             "ledger_dirs": len(self.dirs),
             "ledger_dirs_failed": [s.directory for s in self.dirs if s.failed is not None],
+            "copy_files_ingested": 0,  # rocksdb: deferred copies ingested as files
+            "copy_bytes_ingested": 0,
         }
+        for shard in self.dirs:
+            engine_stats = getattr(shard.engine, "statistics", None)
+            if engine_stats is not None:
+                found = engine_stats()
+                for key in ("copy_files_ingested", "copy_bytes_ingested"):
+                    stats[key] += found.get(key, 0)
+        return stats

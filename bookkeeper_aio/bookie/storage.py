@@ -114,6 +114,7 @@ class DiskStorage:
                 blob_files=cfg.engine_blob_files,
                 write_behind_bytes=cfg.engine_write_behind_bytes,
                 write_rate_bytes_per_s=cfg.engine_write_rate_bytes_per_s,
+                copy_file_bytes=cfg.engine_copy_file_bytes,
             )
             shards = await asyncio.to_thread(
                 open_dirs, cfg.ledger_dirs, one_dir, inject=cfg.engine_fault_injection

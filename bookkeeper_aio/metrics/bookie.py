@@ -213,7 +213,8 @@ class BookieCollector:
                 ("total", "Size of the ledger dir's disk"),
             )
         )
-        failed = set(_failed_dirs(self.bookie))
+        dirs = _dirs_statistics(self.bookie)
+        failed = set(dirs.get("ledger_dirs_failed", []))
         bad = GaugeMetricFamily(
             P + "ledger_dir_failed", "1: the dir is out of service", labels=["dir"]
         )
@@ -234,12 +235,17 @@ class BookieCollector:
             "Ledger dirs taken out of service",
             self.bookie.counters["ledger_dirs_failed"],
         )
+        yield counter(P + "copy_files_ingested",
+                      "Files of deferred-sync copies ingested by the engine (rocksdb)",
+                      dirs.get("copy_files_ingested", 0))  # fmt: skip
+        yield counter(P + "copy_bytes_ingested",
+                      "Bytes of deferred-sync copies ingested as files (rocksdb)",
+                      dirs.get("copy_bytes_ingested", 0))  # fmt: skip
 
 
-def _failed_dirs(bookie: Bookie) -> list[str]:
+def _dirs_statistics(bookie: Bookie) -> dict[str, Any]:
+    """The ledger dirs' statistics (bookie/ledger_dirs.py); none for a simulated engine."""
     from ..bookie.ledger_dirs import LedgerDirs
 
     engine = bookie._engine
-    if isinstance(engine, LedgerDirs):
-        return list(engine.statistics()["ledger_dirs_failed"])
-    return []
+    return engine.statistics() if isinstance(engine, LedgerDirs) else {}

@@ -269,6 +269,7 @@ class FaultyEngine:
         entries: list[tuple[int, Record]],
         packed: bytes | None = None,
         recovery: bool = False,
+        deferred: bool = False,
     ) -> None:
         for entry_id, record in entries:  # one fault draw per entry, as separate puts made
             self.put_entry(ledger_id, entry_id, record)
