@@ -3,7 +3,8 @@
 The bookie must notice (its dirs lost their cookies), refuse to start unless allowed (cookie
 auto-fix, or an operator's ``shell cookie-fix``), then fence and put in limbo its open ledger
 before serving, answer "unknown" rather than "no such entry" while in limbo, and copy what it
-lost from its peers — and no acknowledged entry may be lost on the way.
+lost from its peers — and no acknowledged entry may be lost on the way. Killed on the same
+boot of the system, it lost nothing and needs no limbo; after a reboot (a power loss) it does.
 """
 
 from __future__ import annotations
@@ -142,3 +143,33 @@ async def test_wiped_journal_less_bookie_fences_limbos_and_repairs(tmp_path, aut
 
 async def _logged(bookie, text: str) -> bool:
     return text in bookie.log.read_text()
+
+
+async def test_kill_9_on_the_same_boot_needs_no_limbo_and_after_a_reboot_it_does(tmp_path):
+    """A journal-less bookie killed while the system runs on lost nothing (its engine's WAL
+    reached the page cache): it comes back without limbo and serves every acknowledged entry.
+    A marker naming another boot (a power loss) still puts its open ledger in limbo."""
+    cluster = Cluster(tmp_path, 3, "rocksdb", *BOOKIE_FLAGS)
+    try:
+        await asyncio.to_thread(cluster.start)
+        victim = cluster.bookies[1]
+        async with BookKeeper.connect(cluster.uri, CONFIG) as bk:
+            ledger = await bk.create_ledger(3, 3, 2, password=b"pw")
+            acked = {await ledger.append(b"o%d" % i): b"o%d" % i for i in range(20)}
+            async with asyncio.timeout(10):  # every bookie answered every add
+                while bk.ctx.pool.statistics()["in_flight"]:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            victim.kill()
+            victim.start()
+            log = victim.log.read_text()
+            assert "nothing written was lost, no limbo" in log
+            assert "put in limbo" not in log
+            for entry_id, payload in acked.items():
+                status = await status_of(victim.address, ledger.ledger_id, entry_id)
+                assert status == (StatusCode.OK, payload)
+            victim.kill()
+            (victim.root / "ledgers" / "DIRTY").write_bytes(b"a-boot-before-a-power-loss")
+            victim.start()
+            assert "fenced and put in limbo" in victim.log.read_text()
+    finally:
+        await asyncio.to_thread(cluster.stop)

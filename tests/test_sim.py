@@ -72,8 +72,9 @@ def test_replication_ignoring_placement_is_caught_in_a_fixed_sample() -> None:
 CLIENT_BUGS = ("recovery-reads-without-fence", "recovery-below-last-segment", "unknown-as-negative")
 # BP-46 bookies (bookie/integrity.py), found by the journal-less power storms: a bookie back
 # from a power loss answers "no such entry" for an entry it acknowledged and lost, and a
-# recovery truncates it (acknowledged before, or after, the close).
-BOOKIE_BUGS = ("no-limbo", "no-fence-on-boot")
+# recovery truncates it (acknowledged before, or after, the close). Or a bookie takes a power
+# loss for a crash the system survived, and skips limbo (bookie/storage.py).
+BOOKIE_BUGS = ("no-limbo", "no-fence-on-boot", "crash-always-kept-writes")
 DATA_LOSS = {"NoDivergenceBetweenClientAndMetaData", "AllAckedEntriesAreReadable"}
 # Logs (sim/logs.py): a new writer opens its ledger without recovering the previous one.
 LOG_BUGS = ("log-takeover-without-recovery",)
@@ -97,6 +98,17 @@ def test_each_bug_switch_is_found_within_200_seeds(bug: str) -> None:
         assert "DurabilityContract" in found, last.report()
     if bug in GWQ_BUGS:
         assert found & ({"ClosedLedgerEntriesAtWriteQuorum"} | DATA_LOSS), last.report()
+
+
+@pytest.mark.parametrize("seed", [3534, 3575])
+def test_crashed_bookies_that_kept_their_writes_come_back_without_limbo(seed: int) -> None:
+    """Two journal-less bookies of one ensemble fail-stopped (a journal write error) and came
+    back in limbo, where neither answers a fence: recovery waited for ever for one of them to
+    leave limbo, which needs a recovery (Liveness). A crash the system survived loses nothing
+    the engine wrote, so they now skip limbo; after a power loss (3575's other bookie) limbo
+    stays."""
+    result = run_seed(seed)
+    assert result.ok, result.report()
 
 
 @pytest.mark.parametrize("seed", [7, 53])

@@ -24,8 +24,9 @@ In the background (:meth:`DataIntegrity.check`, at boot and every
 3. then limbo is cleared (the ledger stays fenced).
 
 Progress goes to the log and to :meth:`statistics`. Bug switches for the simulator:
-``no-limbo`` (fence on boot but answer negatives) and ``no-fence-on-boot`` (skip the preboot
-entirely).
+``no-limbo`` (fence on boot but answer negatives), ``no-fence-on-boot`` (skip the preboot
+entirely) and ``crash-always-kept-writes`` (skip it after a power loss too, as after a crash the
+system survived: bookie/storage.py).
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ from .handler import UNKNOWN_KEY, RequestHandler
 
 log = logging.getLogger(__name__)
 
-BOOKIE_BUGS = frozenset({"no-limbo", "no-fence-on-boot"})
+# Simulator only: every unclean shutdown is taken as one the system survived (a power loss
+# too), so no limbo after it (bookie/server.py, storage.crash_kept_writes).
+CRASH_KEPT_BUG = "crash-always-kept-writes"
+BOOKIE_BUGS = frozenset({"no-limbo", "no-fence-on-boot", CRASH_KEPT_BUG})
 
 
 class DataIntegrity:

@@ -48,7 +48,7 @@ from .cookie import CookieCheck
 from .disk import next_read_only
 from .gc import GarbageCollector
 from .handler import RequestHandler
-from .integrity import BOOKIE_BUGS, DataIntegrity
+from .integrity import BOOKIE_BUGS, CRASH_KEPT_BUG, DataIntegrity
 from .journal import Journal
 from .ledger_dirs import LedgerDirs
 from .ledger_records import LedgerRecords
@@ -240,6 +240,15 @@ class Bookie:
         if self.metadata is None or cookies is None:
             return
         unclean = not cfg.journal_write_data and await self.storage.unclean_shutdown()
+        if unclean and (await self.storage.crash_kept_writes() or CRASH_KEPT_BUG in self.bugs):
+            # The same operating system still runs: every write the engine returned from
+            # reached its page cache, so nothing acknowledged was lost and no limbo is needed
+            # (bookie/storage.py). Limbo after every crash held recoveries up for ever once two
+            # crashed bookies of one ensemble waited in it for each other.
+            unclean = False
+            self.counters["unclean_shutdowns_without_loss"] += 1
+            log.warning("bookie %s: unclean shutdown, but the system kept running: "
+                        "nothing written was lost, no limbo", cfg.bookie_id)  # fmt: skip
         reasons = [r for r in (cookies.repair, "unclean shutdown" if unclean else None) if r]
         if cfg.journal_write_data and not reasons and not self.handler.limbo_ledgers():
             return

@@ -5,7 +5,11 @@ Theory of operation
 The server (``server.py``) never touches files itself. It asks a :class:`BookieStorage` to
 check cookies, open the engine and the journal (replaying the journal into the engine), measure
 disk usage, close the engine, and keep the unclean-shutdown marker: a ``DIRTY`` file in every
-ledger dir while the bookie runs (BP-46), so a crash is detected at the next boot.
+ledger dir while the bookie runs (BP-46), so a crash is detected at the next boot. The marker
+holds the operating system's boot id (``/proc/sys/kernel/random/boot_id``): a crash after
+which the same system still runs (``kill -9``, an OOM kill, a fail-stop) lost nothing an
+engine had handed to the kernel, only a power loss or a kernel crash may have
+(:meth:`BookieStorage.crash_kept_writes`).
 :class:`DiskStorage` is production: real dirs, with every blocking call in a worker thread.
 The simulator (``bookkeeper_aio.sim``) passes its own storage, in memory and inline, so the
 same server code runs on a virtual clock.
@@ -33,6 +37,7 @@ from .ledger_dirs import LedgerDirs, open_dirs
 from .records import replay_into
 
 DIRTY_FILE = "DIRTY"  # present while the bookie runs: left behind by a crash (BP-46)
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"  # Linux: new at every boot
 PressureCallback = Callable[[bool], None]
 FailureCallback = Callable[[BaseException], None]
 
@@ -81,6 +86,13 @@ class BookieStorage(Protocol):
 
     async def mark_running(self, running: bool) -> None:
         """Set (on start) or clear (on a clean shutdown) the unclean-shutdown marker."""
+        ...
+
+    async def crash_kept_writes(self) -> bool:
+        """After an unclean shutdown: did every write the last run's engine had returned from
+        survive it? True when the operating system kept running since (the marker names its
+        current boot) and the engine hands each write to the kernel before it returns: then
+        nothing the bookie acknowledged was lost, and BP-46's limbo is not needed."""
         ...
 
 
@@ -140,17 +152,48 @@ class DiskStorage:
     async def mark_running(self, running: bool) -> None:
         await asyncio.to_thread(_mark_dirs, self.config.ledger_dirs, running)
 
+    async def crash_kept_writes(self) -> bool:
+        cfg = self.config
+        # Only rocksdb with its WAL (a journal-less bookie) writes each put to the kernel
+        # before returning (a write() per write batch); the files engine keeps a buffer in
+        # the process, and an engine given from outside is not known here.
+        if self._engine is not None or cfg.engine != "rocksdb" or cfg.journal_write_data:
+            return False
+        return await asyncio.to_thread(_markers_name_this_boot, cfg.ledger_dirs)
+
 
 def _open_one(name: str, directory: str, **options: Any) -> Engine:
     return open_engine(name, [directory], **options)
 
 
+def os_boot_id() -> bytes | None:
+    """The running kernel's boot id (new at every boot), or None where there is none."""
+    try:
+        return Path(BOOT_ID_FILE).read_bytes().strip() or None
+    except OSError:
+        return None
+
+
+def _markers_name_this_boot(dirs: tuple[str, ...]) -> bool:
+    """Whether every ledger dir's marker holds the running kernel's boot id."""
+    boot = os_boot_id()
+    if boot is None:
+        return False
+    try:
+        return all((Path(d) / DIRTY_FILE).read_bytes() == boot for d in dirs)
+    except OSError:  # a dir without its marker (wiped): the cookies' repair decides
+        return False
+
+
 def _mark_dirs(dirs: tuple[str, ...], running: bool) -> None:
-    """Create (durably) or remove the ``DIRTY`` marker in every ledger dir."""
+    """Create (durably, holding the kernel's boot id) or remove the ``DIRTY`` marker in every
+    ledger dir."""
+    boot = os_boot_id() or b""
     for d in dirs:
         path = Path(d) / DIRTY_FILE
         if running:
             with open(path, "wb") as f:
+                f.write(boot)
                 os.fsync(f.fileno())
         else:
             path.unlink(missing_ok=True)

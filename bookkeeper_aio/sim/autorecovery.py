@@ -24,6 +24,7 @@ taken). The bug switch ``replication-ignores-placement`` makes workers choose at
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -284,32 +285,54 @@ class AutorecoveryAgents:
         self.history.note(f"autorecovery replaced bookies of ledger {lid}: {new.ensembles}")
         started = self._job_started(lid)
         for (first, before), (_, after) in zip(old.ensembles, new.ensembles, strict=True):
-            # A member the worker could not see registered when its job started has no rack
-            # for it (autorecovery/replacement.py's _rack): it must not count against the
-            # choice (seed 54: a bookie down during the job shared the chosen one's rack).
-            racks = [
-                self.rack(b)
-                if self.registered_since.get(b, float("inf")) <= started
-                else f"/unavailable/{b}"
-                for b in after
-            ]
             for i, (a, b) in enumerate(zip(before, after, strict=True)):
-                if a == b:
-                    continue
-                near = neighbour_racks(racks, i, new.write_quorum)
-                if racks[i] not in near:
-                    continue
-                better = [
-                    c
-                    for c, since in sorted(self.registered_since.items())
-                    if since <= started and c not in after and c != a and self.rack(c) not in near
-                ]
-                if better:
-                    self.history.violate(
-                        "DurabilityContract",
-                        f"ledger {lid} segment {first}: {b} replaced {a} in {racks[i]}, a rack "
-                        f"of its write sets ({sorted(near)}), though {better} were up",
-                    )
+                if a != b:
+                    self._check_choice(lid, first, after, i, a, started, new.write_quorum)
+
+    def _check_choice(
+        self,
+        lid: int,
+        first: int,
+        after: tuple[str, ...],
+        i: int,
+        a: str,
+        started: float,
+        write_quorum: int,
+    ) -> None:
+        """Whether ``after[i]``, which replaced ``a``, put two copies of a write set in one
+        rack though a bookie up for the whole job would not have: in every view of the
+        members the worker may have had (below)."""
+        # A member the worker could not see registered when its job started has no rack for
+        # it (autorecovery/replacement.py's _rack): it must not count against the choice (seed
+        # 54: a bookie down during the job shared the chosen one's rack). One registered only
+        # later in the job, or gone before its end, the worker may have seen either way (seed
+        # 700: a member back before the choice shared the better candidate's rack, a tie for
+        # the worker): only a choice worse in every such view is a violation.
+        steady = {b for b in after if self.registered_since.get(b, float("inf")) <= started}
+        options = [
+            [self.rack(b)] if b in steady
+            else [f"/unavailable/{b}"] + ([self.rack(b)] if j != i else [])
+            for j, b in enumerate(after)
+        ]  # fmt: skip
+        worse_in_all: list[tuple[list[str], list[str]]] = []
+        for racks in itertools.product(*options):
+            near = neighbour_racks(list(racks), i, write_quorum)
+            if racks[i] not in near:
+                return
+            better = [
+                c
+                for c, since in sorted(self.registered_since.items())
+                if since <= started and c not in after and c != a and self.rack(c) not in near
+            ]
+            if not better:
+                return
+            worse_in_all.append((sorted(near), better))
+        shared, better = worse_in_all[0]
+        self.history.violate(
+            "DurabilityContract",
+            f"ledger {lid} segment {first}: {after[i]} replaced {a} in {options[i][0]}, a rack "
+            f"of its write sets ({shared}), though {better} were up",
+        )
 
     def _job_started(self, lid: int) -> float:
         """When the lock of the job that made this change was taken (its lease-held key)."""

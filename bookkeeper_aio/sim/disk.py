@@ -76,6 +76,8 @@ class NodeDisk:
     engine: MemoryDisk = field(default_factory=MemoryDisk)
     journal: list[JournalRecord] = field(default_factory=list)
     dirty: bool = False  # the unclean-shutdown marker
+    dirty_boot: int = 0  # the node's boot it names (bookie/storage.py)
+    boot: int = 0  # the node's operating system boots: a power loss is a new one
     failed: bool = False  # the ledger disk died (BP-31): every engine call fails with EIO
     journal_failed: bool = False  # the journal disk died: every write fails, boots fail
 
@@ -383,12 +385,19 @@ class SimStorage:
         return self.disk.dirty
 
     async def mark_running(self, running: bool) -> None:
-        self.disk.dirty = running
+        self.disk.dirty, self.disk.dirty_boot = running, self.disk.boot
+
+    async def crash_kept_writes(self) -> bool:
+        # The model (crash() below): a crash without a power loss keeps every write a
+        # journal-less bookie's engine made; a power loss is a new boot of the node.
+        return self.disk.dirty and self.disk.dirty_boot == self.disk.boot
 
     def crash(self, *, power_loss: bool) -> None:
         """What a crash leaves on the :class:`NodeDisk` (see the module docstring)."""
         if self.journal is not None:
             self.journal.crash()
+        if power_loss:
+            self.disk.boot += 1
         unsynced = self.engine.unsynced_writes()
         if not power_loss and self.config.journal_write_data:
             # The rocksdb engine of a journaled bookie writes no WAL: its memtable dies with

@@ -43,6 +43,7 @@ KNOWN_BUGS = (
     "unknown-as-negative",
     "no-limbo",
     "no-fence-on-boot",
+    "crash-always-kept-writes",
     *LOG_BUGS,
     "replication-ignores-placement",
     *GWQ_BUGS,
