@@ -54,7 +54,7 @@ class CopyFile:
     path: str
     writer: SstFileWriter | None
     index: list[tuple[bytes, bytes]] = field(default_factory=list)  # (batch key, index value)
-    bytes: int = 0
+    size: int = 0  # payload bytes
     sealed: bool = False  # takes no more copies
     done: bool = False  # ingested or dropped
 
@@ -96,8 +96,8 @@ class CopyFiles:
         assert current.writer is not None
         current.writer[key] = value
         current.index.append((key, index_value))
-        current.bytes += len(value)
-        if current.bytes >= self.file_bytes:
+        current.size += len(value)
+        if current.size >= self.file_bytes:
             self._seal(current)
         return True
 
@@ -156,7 +156,7 @@ class CopyFiles:
             file.done = True
             write_index(file.index)
             self.ingested_files += 1
-            self.ingested_bytes += file.bytes
+            self.ingested_bytes += file.size
             self._forget(file)
 
     def _forget(self, file: CopyFile) -> None:

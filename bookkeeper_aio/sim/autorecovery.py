@@ -314,7 +314,7 @@ class AutorecoveryAgents:
             else [f"/unavailable/{b}"] + ([self.rack(b)] if j != i else [])
             for j, b in enumerate(after)
         ]  # fmt: skip
-        worse_in_all: list[tuple[list[str], list[str]]] = []
+        reported: tuple[list[str], list[str]] | None = None  # the first view's, for the message
         for racks in itertools.product(*options):
             near = neighbour_racks(list(racks), i, write_quorum)
             if racks[i] not in near:
@@ -326,8 +326,9 @@ class AutorecoveryAgents:
             ]
             if not better:
                 return
-            worse_in_all.append((sorted(near), better))
-        shared, better = worse_in_all[0]
+            reported = reported or (sorted(near), better)
+        assert reported is not None  # (every member has at least one view)
+        shared, better = reported
         self.history.violate(
             "DurabilityContract",
             f"ledger {lid} segment {first}: {after[i]} replaced {a} in {options[i][0]}, a rack "
