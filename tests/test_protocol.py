@@ -8,7 +8,7 @@ import tracemalloc
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bookkeeper_aio.digest import (
@@ -27,6 +27,7 @@ from bookkeeper_aio.protocol import (
     AddRequest,
     AddResponse,
     BadFrame,
+    BatchFrames,
     BookieInfoRequest,
     BookieInfoResponse,
     ErrorResponse,
@@ -53,6 +54,7 @@ from bookkeeper_aio.protocol import (
     WriteLacResponse,
     WriteLafrRequest,
     WriteLafrResponse,
+    _build,
     as_part,
     check_add_entries,
     decode_all,
@@ -142,6 +144,21 @@ def test_a_shared_frame_is_byte_for_byte_the_plain_frame(msg, request_id):
     assert b"".join(shared.pieces(encoder.packer, request_id)) == plain
 
 
+@given(ids, i64, st.binary(max_size=40), st.binary(max_size=70_000), i64)
+def test_batch_frames_are_byte_for_byte_the_shared_frames(lid, flags, key, entries, rid):
+    # A writer packs its ledger's fields once (BatchFrames); every batch's frame must still
+    # be the plain frame, alone and as a part (the bin header grows at 256 and 65536 bytes).
+    encoder = FrameEncoder()
+    framed = BatchFrames(lid, flags, key).frame(entries)
+    shared = SharedFrame(AddBatchRequest, lid, flags, key, entries)
+    plain = encoder.encode(AddBatchRequest(rid, lid, flags, key, entries))
+    assert b"".join(framed.pieces(encoder.packer, rid)) == plain
+    assert framed.part_size == shared.part_size and framed.op == shared.op
+    assert b"".join(pack_multi_add(encoder.packer, rid, [framed])) == b"".join(
+        pack_multi_add(encoder.packer, rid, [shared])
+    )
+
+
 @given(st.lists(ADDS, max_size=40), i64)
 def test_a_multi_add_of_shared_frames_is_the_plain_frame_and_gives_back_its_parts(adds, rid):
     # A connection packs the small adds of one loop turn into one MultiAddRequest from the
@@ -159,6 +176,56 @@ def test_a_multi_add_of_shared_frames_is_the_plain_frame_and_gives_back_its_part
 def test_a_multi_add_response_gives_back_each_answer_with_its_request_id(answers, rid):
     (decoded,) = decode_all(encode(MultiAddResponse(rid, 0, [as_part(a) for a in answers])))
     assert multi_add_results(decoded) == [type(a)(rid, *a[1:]) for a in answers]
+
+
+# What a hostile bookie may put where an add's answer goes: right and wrong types, zeros that
+# are not the integer 0 (False, 0.0), ids out of range, wrong lengths.
+_ZEROS = st.sampled_from([0, False, 0.0])
+_JUNK = st.one_of(
+    _ZEROS, st.none(), st.integers(-(2**64), 2**64), st.binary(max_size=2), st.text(max_size=2)
+)
+
+
+@st.composite
+def _answer_like(draw):
+    """An OK answer (AddResponse or AddBatchResponse part), maybe with one field, or one
+    status, replaced by junk, or cut short or made longer."""
+    op = draw(st.sampled_from([AddResponse.OP, AddBatchResponse.OP]))
+    last = draw(i64) if op == AddResponse.OP else [0] * draw(st.integers(0, 3))
+    answer = [op, 0, draw(i64), last]
+    how = draw(st.integers(0, 5))
+    if how < 4:
+        answer[how] = draw(_JUNK)
+    elif how == 4 and type(last) is list and last:
+        last[draw(st.integers(0, len(last) - 1))] = draw(_JUNK)
+    return answer[: draw(st.integers(1, 4))] if draw(st.booleans()) else answer
+
+
+_ANSWER_LIKE = _answer_like() | st.lists(_JUNK, max_size=5).map(
+    lambda fields: [ErrorResponse.OP, *fields]
+)
+
+
+@settings(max_examples=400)
+@given(st.lists(_ANSWER_LIKE, max_size=6), i64)
+@example([[AddBatchResponse.OP, 0, 7, [0, False]], [AddBatchResponse.OP, 0, 7, [0.0]]], 1)
+@example([[AddBatchResponse.OP, False, 7, []], [AddResponse.OP, 0.0, 7, 1]], 1)
+@example([[AddResponse.OP, 0, 2**63, 1], [AddBatchResponse.OP, 0, -(2**63) - 1, []]], 1)
+@example([[AddResponse.OP, 0, 7, 2**63], [AddResponse.OP, 0, 7, True]], 1)
+def test_the_common_answers_shortcut_decodes_exactly_as_the_generic_checks(results, rid):
+    # multi_add_results takes OK answers without _build's machinery: whatever a bookie sends,
+    # it must give what _build gives (the message, or a BadFrame).
+    (decoded,) = decode_all(encode(MultiAddResponse(rid, 0, [[1]])))
+    decoded = decoded._replace(results=results)
+    expected = [_build([r[0], rid, *r[1:]]) if r[0] in (AddResponse.OP, AddBatchResponse.OP,
+                ErrorResponse.OP) else "bad" for r in results]  # fmt: skip
+    got = multi_add_results(decoded)
+    for want, have in zip(expected, got, strict=True):
+        if want == "bad" or type(want) is BadFrame:
+            assert type(have) is BadFrame
+        else:
+            assert type(have) is type(want) and have == want
+            assert [type(x) for x in have] == [type(x) for x in want]
 
 
 def test_parts_that_are_not_adds_are_bad_frames_not_messages():

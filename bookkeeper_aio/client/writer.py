@@ -63,10 +63,10 @@ from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..metadata.store import update_ledger
 from ..protocol import (
     ADD_ENTRY_HEAD,
-    AddBatchRequest,
     AddBatchResponse,
     AddRequest,
     AddResponse,
+    BatchFrames,
     SharedFrame,
     WriteLacRequest,
     WriteLafrRequest,
@@ -113,6 +113,7 @@ class LedgerWriter:
         md: LedgerMetadata = versioned.value
         self.ledger_id = md.ledger_id
         self._key = master_key
+        self._batch_frames = BatchFrames(self.ledger_id, 0, master_key)
         self._ensemble = list(md.last_ensemble()[1])
         self._e, self._wq, self._aq = md.ensemble_size, md.write_quorum, md.ack_quorum
         self._gwq = md.guaranteed_write_quorum
@@ -518,7 +519,7 @@ class LedgerWriter:
             parts: list[bytes] = []
             for op in ops:
                 parts += (op.head, op.payload)
-            frame = SharedFrame(AddBatchRequest, self.ledger_id, 0, self._key, b"".join(parts))
+            frame = self._batch_frames.frame(b"".join(parts))
         bookie = self._ensemble[index]
         self._batches_in_flight[bookie] = self._batches_in_flight.get(bookie, 0) + 1
         self.ctx.pool.send_shared(bookie, frame, partial(self._on_batch, ops, index, bookie))
