@@ -261,6 +261,11 @@ class BookieConfig(AutorecoverySettings):
     # Journal: group commit bounded by bytes and by wait time, then fdatasync.
     journal_batch_bytes_max: int = 512 * KiB
     journal_batch_wait_ms: float = 0.0  # 0: write as soon as the disk is free (adaptive)
+    # The bookie process's sys.setswitchinterval: how long the journal thread, back from its
+    # write or fdatasync, may wait for the GIL while the event loop runs (four times a batch).
+    # Python's 5 ms put up to 20 ms into a loaded bookie's every batch: open-loop p99 at
+    # 10,000 adds/s 73-111 -> 44-48 ms on the benchmarks' VM (docs/performance.md).
+    gil_switch_interval_s: float = 0.0005
     journal_queue_bytes_max: int = 64 * MiB  # appended, not yet durable; past it, stop reading
     # The engine's backlog (rocksdb: memtables waiting for their flush) is looked at after this
     # many bytes written to it; under pressure the bookie stops reading requests, and looks
@@ -394,6 +399,10 @@ class BookieConfig(AutorecoverySettings):
             raise ConfigError(f"read_threads must be in [0, 64], got {self.read_threads}")
         if self.journal_batch_wait_ms < 0:
             raise ConfigError("journal_batch_wait_ms must be >= 0")
+        if not 1e-6 <= self.gil_switch_interval_s <= 1:
+            raise ConfigError(
+                f"gil_switch_interval_s must be in [1e-6, 1], got {self.gil_switch_interval_s}"
+            )
         if self.journal_batch_bytes_max > self.journal_queue_bytes_max:
             raise ConfigError("journal_batch_bytes_max must be <= journal_queue_bytes_max")
         if not self.journal_write_data and not self.metadata_uri:

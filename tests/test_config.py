@@ -48,3 +48,29 @@ def test_a_bookie_started_with_a_nan_timeout_exits_2_naming_the_key(tmp_path):
     )  # fmt: skip
     assert result.returncode == 2
     assert "handshake_timeout_s" in result.stderr
+
+
+def test_the_bookie_process_sets_its_gil_switch_interval_before_it_runs(tmp_path, monkeypatch):
+    # The journal thread waits for the GIL after each of its syscalls for up to this long
+    # while the event loop runs: the bookie's entry point sets it for the whole process.
+    from bookkeeper_aio.bookie import __main__ as entry
+
+    seen: list[float] = []
+
+    def fake_run(coro) -> int:
+        coro.close()
+        seen.append(sys.getswitchinterval())
+        return 0
+
+    monkeypatch.setattr(entry.uvloop, "run", fake_run)
+    before = sys.getswitchinterval()
+    try:
+        argv = ["--journal-dir", str(tmp_path / "j"), "--ledger-dir", str(tmp_path / "l")]
+        assert entry.main([*argv, "--set", "gil_switch_interval_s=0.002"]) == 0
+        assert entry.main(argv) == 0
+    finally:
+        sys.setswitchinterval(before)
+    assert seen == [pytest.approx(0.002), pytest.approx(0.0005)]
+    for bad in (0, -1, 2):
+        with pytest.raises(ConfigError, match="gil_switch_interval_s"):
+            BookieConfig.from_mapping({"gil_switch_interval_s": bad})

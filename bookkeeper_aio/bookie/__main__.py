@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"bookie: configuration error: {exc}", file=sys.stderr)
         return 2
+    # Process-wide, so here and not in Bookie (tests and the simulator run several in one
+    # process): the journal thread gets the GIL back this soon after its syscalls.
+    sys.setswitchinterval(config.gil_switch_interval_s)
     try:
         return uvloop.run(run(config))
     except ConfigError as exc:  # e.g. a TLS file that cannot be loaded
