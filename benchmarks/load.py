@@ -161,7 +161,8 @@ class _Slot:
     """One operation in flight through a callback ``send``: its start time, what runs after
     it, and its ``done`` bound once. Slots are reused, so an operation allocates nothing the
     garbage collector tracks (a closure per operation was ~5 such objects, and the cyclic
-    GC then took ~1 µs of the client's CPU per add: docs/performance.md)."""
+    GC then took ~1 µs of the client's CPU per add: docs/performance.md at e27bdd3, eighth
+    round)."""
 
     __slots__ = ("done", "index", "t0", "then", "tracker")
 

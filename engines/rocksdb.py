@@ -12,14 +12,14 @@ One RocksDB in raw mode (bytes keys, bytewise order), in column families:
 * entries (``singles``, ``SINGLES_CF``): ``b"e" + >QQ(ledger_id, entry_id)`` -> the record;
 * every batch key again (``batches``, ``BATCHES_CF``), its entry count as value (below).
 
-Why batches: a key costs the event loop ~0.8 µs of RocksDB work (the ``WriteBatch.put`` call and
-the memtable's skiplist insert) whatever its value's size, and a bookie takes up to ~256 entries
-per add request: one key per call took that work from ~1.0 to ~0.2 µs per 1 KiB entry
-(docs/performance.md, seventh round). A call's entries become a batch when their ids ascend and
-all lie above the ledger's last stored entry, which is how a writer's adds arrive: batches then
-never overlap, so the one batch that may hold entry *e* is the one with the greatest first id <=
-*e* (one ``seek_for_prev``; its id range is in the key, so a miss reads no value). Anything else
-— an entry at or below the last one stored (a re-sent add, a recovery's re-write, the journal's
+Why batches: a key costs the event loop ~0.8 µs of RocksDB work (the ``WriteBatch.put`` call and the
+memtable's skiplist insert) whatever its value's size, and a bookie takes up to ~256 entries per add
+request: one key per call took that work from ~1.0 to ~0.2 µs per 1 KiB entry (docs/performance.md
+at e27bdd3, seventh round). A call's entries become a batch when their ids ascend and all lie above
+the ledger's last stored entry, which is how a writer's adds arrive: batches then never overlap, so
+the one batch that may hold entry *e* is the one with the greatest first id <= *e* (one
+``seek_for_prev``; its id range is in the key, so a miss reads no value). Anything else — an entry
+at or below the last one stored (a re-sent add, a recovery's re-write, the journal's
 replay of what the engine already has), ids out of order — goes under an entry key. Reads try
 the entry key first: it was written after any batch holding the same id, so it is the newest
 copy. Reads keep the last few batches they parsed (``batch_cache_bytes``, at most
@@ -31,8 +31,8 @@ it. An info flushed with them made that SST span every key in between: with info
 entries (``b"l"``, until 2026-11) every flush overlapped the SST holding the info (7 % of a
 bookie's CPU at 50k adds/s); with infos before them (``b"L"`` in the same family, until
 2026-11-23) a new ledger's first flush overlapped every batch of every ledger with a smaller
-id, so each new ledger compacted older ones (docs/performance.md, seventh round). A dir with
-``b"L"`` infos in the default family has them moved on open.
+id, so each new ledger compacted older ones (docs/performance.md at e27bdd3, seventh round).
+A dir with ``b"L"`` infos in the default family has them moved on open.
 
 Why entry keys apart (since 2026-11-27): among the batches they sorted after every batch key, so
 an SST holding one spanned from its batches to it, over every batch key a later ledger would
@@ -89,7 +89,7 @@ Writes (``sync=False``) go into one staged ``WriteBatch``. With the WAL (``wal=T
 reaches the DB at the end of each call. Without it (below) it may gather several calls, up to
 ``write_behind_bytes``: a write is then no more volatile there than in the memtable, and one
 add at a time no longer pays RocksDB's ``write`` per add on cold caches (~25 µs of a bookie's
-CPU per add in situ, ~8 µs in a cold microbenchmark; docs/performance.md, twelfth round).
+CPU per add in situ, ~8 µs in a cold microbenchmark; docs/performance.md at e27bdd3, twelfth round).
 Every read of the DB, ``sync()``, ``delete_ledger`` and ``put_ledger`` write the staged batch
 first, under the same lock, so reads need no overlay of our own. (Until 2026-11 writes
 gathered behind an overlay dict; each entry then cost a dict insert and every read an overlay

@@ -15,11 +15,11 @@ payload bytes each, as a recovery's rewrites are sent. A batch leaves once full,
 nothing more is read and fewer than :data:`WRITES_AHEAD` batches are waiting for answers (the
 target is never idle while a copy is ready).
 
-Why batches, in order (docs/performance.md, ``rereplication``): one request per entry cost the
-target a frame, a journal record and an answer per entry, and, the copies landing out of
+Why batches, in order (docs/performance.md at 909bfe3, ``rereplication``): one request per entry
+cost the target a frame, a journal record and an answer per entry, and, the copies landing out of
 order, its engine stored most of them under per-entry keys, whose flushed SSTs overlap and get
-compacted: the target's disk wrote ~6x the bytes copied. Batches of ascending ids above what
-the target holds are stored as one batch record each (~3x: journal, its zero-fill, the flush).
+compacted: the target's disk wrote ~6x the bytes copied. Batches of ascending ids above what the
+target holds are stored as one batch record each (~3x: journal, its zero-fill, the flush).
 
 With ``deferred_sync`` (autorecovery's copies; not a rewrite of a corrupt copy, whose old
 bytes a crash would bring back under the same id) the batches also carry

@@ -427,7 +427,7 @@ class ReplicationWorker:
         bad = view.lost | job.failing | {target}
 
         # One preferred source for every entry it holds (fr.by_preference): a bookie reads a
-        # stored batch whole to serve one entry of it (docs/performance.md,
+        # stored batch whole to serve one entry of it (docs/performance.md at 909bfe3,
         # ``rereplication``); turned by the ledger id, so concurrent copies spread out.
         def sources(entry_id: int) -> list[str]:
             held = [b for b in fr.replicas(md, f, entry_id) if b not in bad]

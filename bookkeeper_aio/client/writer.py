@@ -215,10 +215,10 @@ class LedgerWriter:
         once, from the event loop: with ``error`` None when the entry and every earlier one
         are acknowledged, else with the exception; callbacks are called in entry order.
 
-        BookKeeper's ``asyncAddEntry``: no future per entry (~0.4 µs less of the client's CPU
-        per entry and less for the garbage collector; docs/performance.md). The callbacks of
-        the adds a loop turn completed run together at its end: a callback must not block;
-        it may append; an exception it raises is logged and ignored.
+        BookKeeper's ``asyncAddEntry``: no future per entry (~0.4 µs less of the client's CPU per
+        entry and less for the garbage collector; docs/performance.md at e27bdd3). The callbacks of
+        the adds a loop turn completed run together at its end: a callback must not block; it may
+        append; an exception it raises is logged and ignored.
 
         Raises:
             as :meth:`append_nowait` (then ``callback`` is never called).
