@@ -16,6 +16,7 @@ from bookkeeper_aio.bookie.server import Bookie
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.digest import LacProof, entry_digest, lac_digest, master_key, payload_digest
 from bookkeeper_aio.errors import JournalFailedError, StatusCode
+from bookkeeper_aio.histogram import Histogram
 from bookkeeper_aio.protocol import (
     ADD_FLAG_DEFERRED_SYNC,
     ADD_FLAG_RECOVERY,
@@ -233,6 +234,16 @@ def test_a_multi_add_journals_each_part_but_waits_on_one_callback():
     (reply,) = decode_all(encode(h.replies[0]))  # as the client gets it
     statuses = [r.status for r in multi_add_results(reply)]
     assert statuses == [StatusCode.OK, StatusCode.UNAUTHORIZED, StatusCode.OK, StatusCode.OK]
+    assert h.handler.add_latency.count == 3  # a latency per journaled part, as if alone
+
+
+def test_a_histogram_observes_many_as_it_observes_one_at_a_time():
+    one, many = Histogram(), Histogram()
+    for value, times in [(0.0003, 3), (0.02, 1), (7.0, 2), (99.0, 5), (0.0, 0)]:
+        for _ in range(times):
+            one.observe(value)
+        many.observe_many(value, times)
+    assert one.counts == many.counts and one.sum == pytest.approx(many.sum)
 
 
 def test_a_multi_add_whose_journal_write_fails_answers_io_error_for_its_stored_parts():
