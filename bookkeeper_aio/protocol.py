@@ -783,7 +783,7 @@ def multi_add_results(msg: MultiAddResponse) -> list[Message | BadFrame]:
 
 
 _ADD_ANSWER_OPS = frozenset((AddResponse.OP, AddBatchResponse.OP, ErrorResponse.OP))
-_INT_ONLY = {int}
+_INT_ONLY = frozenset((int,))
 _ADD_BATCH_ANSWER_OP, _ADD_ANSWER_OP = AddBatchResponse.OP, AddResponse.OP
 _new_tuple = tuple.__new__  # a NamedTuple's own __new__ takes its fields one by one, slower
 

@@ -6,8 +6,9 @@ Theory of operation
 A deferred-sync copy (``protocol.ADD_FLAG_DEFERRED_SYNC``, bookie/deferred.py) is relied on by
 nobody until a sync after it: a listing of its ledger waits for one. Through the memtables such
 a copy cost its target a flush, and flushes are paced (``engine_write_rate_bytes_per_s``) so
-that writers' journal fdatasyncs do not wait behind them: re-replication ran at that rate, 65-71
-MB/s with the default 64 MiB/s, on a disk that copies 178-301 MiB/s (docs/performance.md).
+that writers' journal fdatasyncs do not wait behind them: re-replication ran at that rate, 56-88
+MB/s with the default 64 MiB/s, on a disk that copies ~200-400 MiB/s (docs/performance.md,
+"What bounds the copy").
 So the rocksdb engine hands them here instead:
 
 * each ledger's copies go, in ascending key order, into an SST file of its own written with

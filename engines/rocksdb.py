@@ -12,18 +12,18 @@ One RocksDB in raw mode (bytes keys, bytewise order), in column families:
 * entries (``singles``, ``SINGLES_CF``): ``b"e" + >QQ(ledger_id, entry_id)`` -> the record;
 * every batch key again (``batches``, ``BATCHES_CF``), its entry count as value (below).
 
-Why batches: a key costs the event loop ~0.8 µs of RocksDB work (the ``WriteBatch.put`` call and the
-memtable's skiplist insert) whatever its value's size, and a bookie takes up to ~256 entries per add
-request: one key per call took that work from ~1.0 to ~0.2 µs per 1 KiB entry (docs/performance.md
-at e27bdd3, seventh round). A call's entries become a batch when their ids ascend and all lie above
-the ledger's last stored entry, which is how a writer's adds arrive: batches then never overlap, so
-the one batch that may hold entry *e* is the one with the greatest first id <= *e* (one
-``seek_for_prev``; its id range is in the key, so a miss reads no value). Anything else — an entry
-at or below the last one stored (a re-sent add, a recovery's re-write, the journal's
-replay of what the engine already has), ids out of order — goes under an entry key. Reads try
-the entry key first: it was written after any batch holding the same id, so it is the newest
-copy. Reads keep the last few batches they parsed (``batch_cache_bytes``, at most
-``_PARSED_COUNT_MAX`` of them), so reading a batch's entries one by one parses it once.
+Why batches: a key costs the event loop ~0.8 µs of RocksDB work (the ``WriteBatch.put`` call and
+the memtable's skiplist insert) whatever its value's size, and a bookie takes up to ~256 entries
+per add request: one key per call took that work from ~1.0 to ~0.2 µs per 1 KiB entry
+(docs/performance.md at e27bdd3, seventh round). A call's entries become a batch when their ids
+ascend and all lie above the ledger's last stored entry, which is how a writer's adds arrive:
+batches then never overlap, so the one batch that may hold entry *e* is the one with the
+greatest first id <= *e* (one ``seek_for_prev``; its id range is in the key, so a miss reads no
+value). Anything else — an entry at or below the last one stored (a re-sent add, a recovery's
+re-write, the journal's replay of what the engine already has), ids out of order — goes under an
+entry key. Reads try the entry key first: it was written after any batch holding the same id, so
+it is the newest copy. Reads keep the last few batches they parsed (``batch_cache_bytes``, at
+most ``_PARSED_COUNT_MAX`` of them), so reading a batch's entries one by one parses it once.
 
 Why infos apart: a memtable flush of a ledger's new batches then makes an SST whose keys lie
 after every older SST's of that ledger, which RocksDB moves down the levels without rewriting
