@@ -442,7 +442,9 @@ class BookieConfig(AutorecoverySettings):
 class ClientConfig(_Config):
     """Limits and timeouts of a client (connections to bookies)."""
 
-    ZERO_ALLOWED: ClassVar[frozenset[str]] = frozenset({"recovery_read_batch_entries"})
+    ZERO_ALLOWED: ClassVar[frozenset[str]] = frozenset(
+        {"recovery_read_batch_entries", "read_batch_entries"}
+    )
 
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 10.0  # any request without its own longer deadline
@@ -476,6 +478,9 @@ class ClientConfig(_Config):
     # this many entries where every bookie holds every entry (E == WQ); 0: one by one.
     recovery_read_batch_entries: int = 64
     reads_parallel_max: int = 1_000  # entries of one read(first, last) in flight at once
+    # A read of a range goes in ReadBatchRequests of this many entries where every bookie holds
+    # every entry (E == WQ; client/range_reads.py); 0: one ReadRequest per entry.
+    read_batch_entries: int = 256
     close_timeout_s: float = 30.0  # waiting for pending adds before a close gives up
     min_racks_per_write_quorum: int = 1  # >1: rack-aware placement
     strict_placement: bool = False  # BP-31: fail rather than under-spread a write set

@@ -199,7 +199,7 @@ def test_a_reader_of_an_open_ledger_marks_no_replica_that_is_behind_the_writer()
         await close_client(bk)
         drop_entries(behind, w.ledger_id)  # now it is short for good
         reader = await reader_bk.open_ledger(w.ledger_id, PW, recovery=False)
-        await reader.read(0, 6)
+        await reader.read(1, 6)  # one batch read (E == WQ), asked of entry 1's first: behind
         await close_client(reader_bk)
         found = await marks(world)
         assert [(m.ledger_id, m.missing[0].bookie, m.missing[0].reasons) for m in found] == [

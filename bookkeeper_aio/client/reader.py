@@ -18,6 +18,7 @@ from ..errors import IncorrectParameterError, ReadError
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..protocol import ReadLacRequest
 from .context import ClientContext, LedgerEntry
+from .range_reads import batched, read_range
 from .read_repair import ReadRepair
 from .reads import long_poll, proof_lac, read_entry, request
 from .short_copies import ShortCopies
@@ -75,7 +76,8 @@ class LedgerReader:
 
     async def read_unconfirmed(self, first: int, last: int) -> list[LedgerEntry]:
         """Entries ``first..last`` whether or not they are confirmed (they may be truncated by
-        a later recovery if they are not)."""
+        a later recovery if they are not). In batches where every bookie holds every entry
+        (range_reads.py), else one read per entry."""
         md = self.metadata
         window = asyncio.Semaphore(self.ctx.config.reads_parallel_max)
         short = ShortCopies(self.ctx.metadata, self.ledger_id, "read error")
@@ -94,6 +96,9 @@ class LedgerReader:
                                         missing_is_short=md.is_closed)  # fmt: skip
 
         try:
+            if first < last and batched(md, self.ctx.config.read_batch_entries):
+                return await read_range(self.ctx, md, first, last, lac, short.add,
+                                        repair.note if repair else None)  # fmt: skip
             return list(await asyncio.gather(*(one(e) for e in range(first, last + 1))))
         finally:
             if repair is not None:

@@ -134,6 +134,7 @@ async def read_entry(
     repair: Repair | None = None,
     *,
     missing_is_short: bool = True,
+    first: str | None = None,
 ) -> LedgerEntry:
     """A verified copy of ``entry_id`` (see the module docstring). ``short(bookie, entry)``
     is told of every replica that answered with an error, "no such entry" or a corrupt copy
@@ -141,7 +142,8 @@ async def read_entry(
     replicas whose copy is bad go to ``repair(entry, good copy, bookies)`` instead once a good
     copy is found (and to ``short`` if none is). Not ``missing_is_short``: "no such entry" or
     "no such ledger" is not short (an open ledger's replica may be behind its writer, which
-    reports the copies it fails to make itself).
+    reports the copies it fails to make itself). ``first``: a replica to ask before the
+    others (a batch read's bookie: range_reads.py), else the write set's order.
 
     Raises:
         NoSuchEntryError: every replica says it does not have the entry.
@@ -150,6 +152,9 @@ async def read_entry(
     lid = md.ledger_id
     fields = (lid, entry_id, 0, None, -1, 0)
     remaining = collections.deque(replicas(md, entry_id))
+    if first is not None and first in remaining:
+        remaining.remove(first)
+        remaining.appendleft(first)
     pending: set[asyncio.Future[Any]] = set()
     negatives = 0
     bad: list[str] = []  # replicas with a bad copy, for repair
