@@ -255,3 +255,31 @@ def test_striped_ledgers_and_a_zero_batch_size_read_entry_by_entry() -> None:
             assert sum(after[a][1] - before[a][1] for a in after) == 60
 
         run(scenario)
+
+
+def test_single_reads_speculate_past_a_slow_replica_and_move_on_from_a_dead_one() -> None:
+    """The entry-by-entry path (client/reads.py read_entry) under the same faults: a striped
+    ledger's range, and one entry alone."""
+    with simulated_cluster(seed=6) as run:
+
+        async def scenario(world: World) -> None:
+            md = await write(world, 30, quorum=(3, 2, 2))
+            slow = world.bookie_at(md.ensembles[0][1][0])
+            assert slow is not None
+            bk = world.client("reader")
+            reader = await bk.open_ledger(md.ledger_id, PW, recovery=False)
+            await reader.read(0, 2)  # connected to every bookie
+            world.net.slow_s[slow.name] = 30.0  # far past the request timeout (1 s)
+            loop = asyncio.get_running_loop()
+            for first, last in [(0, 29), (3, 3)]:  # entry 3's first replica is the slow one
+                started = loop.time()
+                got = await reader.read(first, last)
+                assert [e.payload for e in got] == [payload(i) for i in range(first, last + 1)]
+                assert loop.time() - started < 0.5  # a speculative wait (0.2 s), no timeout
+            world.net.slow_s.clear()
+            slow.crash(power_loss=False)
+            got = await reader.read(0, 29)
+            assert [e.payload for e in got] == [payload(i) for i in range(30)]
+            await close_client(bk)
+
+        run(scenario)

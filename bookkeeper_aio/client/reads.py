@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..digest import LacProof, entry_digest
@@ -120,6 +121,11 @@ async def write_copy(
         return str(status)
 
 
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
     """The bookies holding ``entry_id``, in write-set order."""
     ensemble = md.ensemble_at(entry_id)
@@ -155,49 +161,63 @@ async def read_entry(
     if first is not None and first in remaining:
         remaining.remove(first)
         remaining.appendleft(first)
-    pending: set[asyncio.Future[Any]] = set()
     negatives = 0
     bad: list[str] = []  # replicas with a bad copy, for repair
+    # Answers by callback (no task per request: a range of a striped ledger is a read per
+    # entry); ``wake`` is set by an answer, or by the speculative timer.
+    answers: collections.deque[tuple[str, Any]] = collections.deque()
+    outstanding = 0
+    loop = asyncio.get_running_loop()
+    wake: asyncio.Future[None] | None = None
 
-    asked: dict[asyncio.Future[Any], str] = {}
+    def answered(bookie: str, result: Any) -> None:
+        answers.append((bookie, result))
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     def ask_next() -> None:
+        nonlocal outstanding
         bookie = remaining.popleft()
-        future = asyncio.ensure_future(request(ctx, bookie, ReadRequest, *fields))
-        asked[future] = bookie
-        pending.add(future)
+        outstanding += 1
+        ctx.pool.send(bookie, ReadRequest, *fields, callback=partial(answered, bookie))
 
     ask_next()
-    try:
-        while pending:
-            timeout = ctx.config.speculative_read_timeout_s if remaining else None
-            done, pending = await asyncio.wait(
-                pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done:
+    while outstanding:
+        if not answers:
+            wake = loop.create_future()
+            timer = None
+            if remaining:
+                timer = loop.call_later(ctx.config.speculative_read_timeout_s, _wake, wake)
+            try:
+                await wake
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if not answers:
                 ask_next()  # slow replica: speculate on the next one
                 continue
-            for task in done:
-                result = task.result()
-                if entry_ok(lid, entry_id, result):
-                    if bad and repair is not None:
-                        repair(entry_id, result, bad)
-                    return LedgerEntry(entry_id, result.payload)
-                status = getattr(result, "status", None)
-                negatives += status is not None and is_explicit_negative(status)
-                if short is None or status not in SHORT_COPY_STATUSES:
-                    continue
-                if not missing_is_short and status in MISSING_STATUSES:
-                    continue  # maybe behind the writer: not short (yet)
-                if repair is not None and status in BAD_COPY_STATUSES:
-                    bad.append(asked[task])
-                else:
-                    short(asked[task], entry_id)
-            if remaining:
-                ask_next()  # a failed or corrupt answer moves on at once
-    finally:
-        for task in pending:
-            task.cancel()
+        bookie, result = answers.popleft()
+        outstanding -= 1
+        if isinstance(result, Exception) and not isinstance(result, BookKeeperError):
+            raise result  # not a bookie's failure: a bug of ours
+        if entry_ok(lid, entry_id, result):
+            if bad and repair is not None:
+                repair(entry_id, result, bad)
+            return LedgerEntry(entry_id, result.payload)
+        status = getattr(result, "status", None)
+        negatives += status is not None and is_explicit_negative(status)
+        # (not missing_is_short: "no such entry" may be a replica behind the writer)
+        if (
+            short is not None
+            and status in SHORT_COPY_STATUSES
+            and (missing_is_short or status not in MISSING_STATUSES)
+        ):
+            if repair is not None and status in BAD_COPY_STATUSES:
+                bad.append(bookie)
+            else:
+                short(bookie, entry_id)
+        if remaining:
+            ask_next()  # a failed or corrupt answer moves on at once
     if bad:  # no good copy to repair them from
         assert short is not None  # bad copies are gathered only to be reported short
         for bookie in bad:
