@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..digest import entry_digest
@@ -37,7 +37,7 @@ from ..errors import StatusCode
 from ..metadata.model import LedgerMetadata
 from ..protocol import ReadBatchRequest, ReadBatchResponse, unpack_read_entries
 from .context import ClientContext, LedgerEntry
-from .reads import Repair, read_entry, replicas, request
+from .reads import replicas, request
 
 
 def batched(md: LedgerMetadata, batch_entries: int) -> bool:
@@ -76,8 +76,8 @@ def good_prefix(
         return [], False
     good: list[LedgerEntry] = []
     for entry_id, lac, digest, payload in found[:count]:
-        if entry_id != first + len(good) or digest != entry_digest(ledger_id, entry_id, lac,
-                                                                    payload):  # fmt: skip
+        expected = first + len(good)
+        if entry_id != expected or digest != entry_digest(ledger_id, entry_id, lac, payload):
             return good, False
         good.append(LedgerEntry(entry_id, payload))
     return good, answer.end_status == StatusCode.OK and len(found) <= count
@@ -130,28 +130,19 @@ async def read_range(
     first: int,
     last: int,
     lac: int,
-    short: Callable[[str, int], None],
-    repair: Repair | None,
+    single: Callable[[int, str | None], Awaitable[LedgerEntry]],
 ) -> list[LedgerEntry]:
     """Entries ``first..last`` of a ledger where :func:`batched` holds, in order (module
-    docstring). Entries up to ``lac`` are known to exist: as ``LedgerReader.read_unconfirmed``
-    does for single reads, their replicas' failures go to ``short`` and ``repair`` (and "no
-    such entry" is short once the ledger is closed).
+    docstring). ``single(entry_id, bookie)`` reads an entry alone, ``bookie`` (if any) asked
+    first: ``LedgerReader.read_unconfirmed``'s single read, which reports short copies and
+    repairs bad ones.
 
     Raises:
-        ReadError / NoSuchEntryError: as :func:`read_entry`, for an entry no bookie has a good
-            copy of.
+        ReadError / NoSuchEntryError: as :func:`~bookkeeper_aio.client.reads.read_entry`, for
+            an entry no bookie has a good copy of.
     """
     config = ctx.config
     window = asyncio.Semaphore(max(1, config.reads_parallel_max // config.read_batch_entries))
-    singles = asyncio.Semaphore(config.reads_parallel_max)
-
-    async def one(entry_id: int, bookie: str | None) -> LedgerEntry:
-        async with singles:
-            if entry_id > lac:
-                return await read_entry(ctx, md, entry_id, first=bookie)
-            return await read_entry(ctx, md, entry_id, short, repair, first=bookie,
-                                    missing_is_short=md.is_closed)  # fmt: skip
 
     async def chunk(ids: range) -> list[LedgerEntry]:
         got: list[LedgerEntry] = []
@@ -167,7 +158,7 @@ async def read_range(
             assert bookie is not None  # it gave entries
             bookies = [bookie, *(b for b in bookies if b != bookie)]  # the rest from it too
         rest = range(ids.start + len(got), ids.stop)
-        return got + list(await asyncio.gather(*(one(e, bookie) for e in rest)))
+        return got + list(await asyncio.gather(*(single(e, bookie) for e in rest)))
 
     cut = chunks(md, first, last, lac, config.read_batch_entries)
     parts = await asyncio.gather(*map(chunk, cut))

@@ -84,21 +84,21 @@ class LedgerReader:
         repair = ReadRepair(self.ctx, md, short) if self.ctx.config.read_repair else None
         lac = self.last_add_confirmed
 
-        async def one(entry_id: int) -> LedgerEntry:
+        async def one(entry_id: int, bookie: str | None = None) -> LedgerEntry:
+            """The entry read alone, ``bookie`` (a batch read's) asked first."""
             async with window:  # a long range must not exceed the connections' bounds
                 if entry_id > lac:
-                    return await read_entry(self.ctx, md, entry_id)
+                    return await read_entry(self.ctx, md, entry_id, first=bookie)
                 # It exists: a replica with a bad copy is repaired, one without it is short
                 # (BP-31: detection and repair in the read path) once the ledger is closed;
                 # before, it may only be behind the writer (which reports its own failures).
                 return await read_entry(self.ctx, md, entry_id, short.add,
                                         repair.note if repair else None,
-                                        missing_is_short=md.is_closed)  # fmt: skip
+                                        missing_is_short=md.is_closed, first=bookie)  # fmt: skip
 
         try:
             if first < last and batched(md, self.ctx.config.read_batch_entries):
-                return await read_range(self.ctx, md, first, last, lac, short.add,
-                                        repair.note if repair else None)  # fmt: skip
+                return await read_range(self.ctx, md, first, last, lac, one)
             return list(await asyncio.gather(*(one(e) for e in range(first, last + 1))))
         finally:
             if repair is not None:
