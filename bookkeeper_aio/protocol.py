@@ -302,7 +302,7 @@ CheckedEntry = tuple[int, int, int, int, memoryview, bool]
 
 
 def check_add_entries(
-    ledger_id: int, data: bytes, start: int = 0, *, entries_max: int = 1 << 62
+    ledger_id: int, data: bytes | memoryview, start: int = 0, *, entries_max: int = 1 << 62
 ) -> list[CheckedEntry]:
     """The ``(entry_id, lac, payload_digest, digest, record, intact)`` of packed entries from
     ``start``, unpacked and checked in one pass (what a bookie does with every add batch).
@@ -335,7 +335,7 @@ def check_add_entries(
     return out
 
 
-def _more_entries(data: bytes, pos: int, most: int) -> bool:
+def _more_entries(data: bytes | memoryview, pos: int, most: int) -> bool:
     """Whether ``data`` holds more than ``most`` packed entries from ``pos`` (their lengths
     only are read, and only as far as needed)."""
     end, prefix = len(data), PACKED_ENTRY_PREFIX

@@ -9,9 +9,20 @@ from collections.abc import Callable
 import pytest
 
 from bookkeeper_aio.bookie.handler import RequestHandler, to_ranges
-from bookkeeper_aio.bookie.journal import REC_ENTRIES, REC_ENTRY, REC_FENCE, REC_MASTER_KEY
+from bookkeeper_aio.bookie.journal import (
+    REC_ENTRIES,
+    REC_FENCE,
+    REC_LEDGERS_ENTRIES,
+    REC_MASTER_KEY,
+)
 from bookkeeper_aio.bookie.long_poll import Peer
-from bookkeeper_aio.bookie.records import LEDGER_KEY, replay_into
+from bookkeeper_aio.bookie.records import (
+    LEDGER_KEY,
+    ledgers_entries_record,
+    packed,
+    replay_into,
+    unpack_ledgers_entries,
+)
 from bookkeeper_aio.bookie.server import Bookie
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.digest import LacProof, entry_digest, lac_digest, master_key, payload_digest
@@ -95,7 +106,7 @@ class Harness:
 def test_add_is_acknowledged_only_after_the_journal_syncs():
     h = Harness()
     assert h.add(0, b"hello", sync=False) is None
-    assert [r for r, _, _ in h.journal.pending] == [REC_MASTER_KEY, REC_ENTRY]
+    assert [r for r, _, _ in h.journal.pending] == [REC_MASTER_KEY, REC_ENTRIES]
     h.journal.sync()
     assert h.replies[-1].status == StatusCode.OK
     read = h.read(0)
@@ -220,21 +231,34 @@ def _multi_parts(ledgers: int) -> list:
     return parts
 
 
-def test_a_multi_add_journals_each_part_but_waits_on_one_callback():
+def test_a_multi_add_journals_its_stored_parts_as_one_record():
     h = Harness()
     parts = _multi_parts(3)
     parts.insert(
         1, as_part(AddRequest(0, L, 5, 0, OTHER_KEY, 4, b"k", entry_digest(L, 5, 4, b"k")))
     )
+    bad = entry_digest(L + 1, 1, 0, b"other")  # a batch of two, one entry corrupt
+    wire = [(e, e - 1, payload_digest(b"q"), d, b"q")
+            for e, d in [(1, entry_digest(L + 1, 1, 0, b"q")), (2, bad)]]  # fmt: skip
+    parts.append(as_part(AddBatchRequest(0, L + 1, 0, KEY, pack_add_entries(wire))))
+    parts.append(as_part(AddRequest(0, L + 2, 1, 0, KEY, 0, b"r", entry_digest(L + 2, 1, 0, b"r"))))
     assert h.send(MultiAddRequest, parts, sync=False) is None
-    entries = [(r, cb) for r, _, cb in h.journal.pending if r == REC_ENTRIES]
-    assert len(entries) == 3  # a record per stored part (the unauthorized one has none)
-    assert [cb is entries[-1][1] for _, cb in entries] == [False, False, True]
+    records = [r for r, _, _ in h.journal.pending if r not in (REC_MASTER_KEY,)]
+    assert records == [REC_LEDGERS_ENTRIES]  # one, for the parts that stored entries
     h.journal.sync()
     (reply,) = decode_all(encode(h.replies[0]))  # as the client gets it
     statuses = [r.status for r in multi_add_results(reply)]
-    assert statuses == [StatusCode.OK, StatusCode.UNAUTHORIZED, StatusCode.OK, StatusCode.OK]
-    assert h.handler.add_latency.count == 3  # a latency per journaled part, as if alone
+    assert statuses == [StatusCode.OK, StatusCode.UNAUTHORIZED, StatusCode.OK, StatusCode.OK,
+                        StatusCode.BAD_DIGEST, StatusCode.OK]  # fmt: skip
+    assert h.handler.add_latency.count == 5  # a latency per journaled part, as if alone
+    # A replay stores exactly what the handler did, part by part.
+    replayed = MemoryEngine()
+    assert replay_into(replayed, h.journal.durable) == 4  # three keys, one entries record
+    stored = [(lid, e) for lid in range(L, L + 3) for e in range(6)
+              if h.engine.get_entry(lid, e) is not None]  # fmt: skip
+    assert stored == [(L, 0), (L + 1, 0), (L + 1, 1), (L + 2, 0), (L + 2, 1)]
+    assert [replayed.get_entry(*k) for k in stored] == [h.engine.get_entry(*k) for k in stored]
+    assert replayed.get_entry(L + 1, 2) is None and replayed.get_entry(L, 5) is None
 
 
 def test_a_histogram_observes_many_as_it_observes_one_at_a_time():
@@ -265,20 +289,20 @@ def test_a_multi_add_meeting_a_failed_journal_answers_every_stored_part_once():
             self.fail_after = fail_after
 
         def append(self, rtype, body, callback) -> None:
-            if rtype == REC_ENTRIES and not self.fail_after:
+            if rtype == REC_LEDGERS_ENTRIES and not self.fail_after:
                 raise JournalFailedError("journal failed: disk gone")
-            self.fail_after -= rtype == REC_ENTRIES
+            self.fail_after -= rtype == REC_LEDGERS_ENTRIES
             super().append(rtype, body, callback)
 
     fatal: list = []
     h = Harness()
-    h.journal = h.handler.journal = FailingJournal(fail_after=2)
+    h.journal = h.handler.journal = FailingJournal(fail_after=0)
     h.handler._on_fatal = fatal.append
     h.send(MultiAddRequest, _multi_parts(3), sync=False)
     (reply,) = decode_all(encode(h.replies[0]))  # at once: no part is known durable
     assert [r.status for r in multi_add_results(reply)] == [StatusCode.IO_ERROR] * 3
     assert len(fatal) == 1 and h.handler.statistics()["io_errors"] == 1
-    h.journal.sync()  # the records appended before the failure: their callbacks are ignored
+    h.journal.sync()  # the ledgers' keys, appended before the failure: no answer of theirs
     assert len(h.replies) == 1
 
 
@@ -687,7 +711,7 @@ def test_without_journal_data_an_add_is_acknowledged_before_any_sync():
     h = Harness(journal_write_data=False, metadata_uri="memory://x")
     reply = h.add(0, b"fast", sync=False)
     assert reply is not None and reply.status == StatusCode.OK
-    assert [r for r, _, _ in h.journal.pending] == [REC_MASTER_KEY]  # no REC_ENTRY
+    assert [r for r, _, _ in h.journal.pending] == [REC_MASTER_KEY]  # no entries record
     fence = h.send(ReadLacRequest, L, READ_FLAG_FENCE, KEY, sync=False)
     assert fence is None  # fences still wait for the journal
     h.journal.sync()
@@ -823,3 +847,15 @@ def test_the_ledger_cache_is_bounded_and_keeps_busy_ledgers():
         h.send(ReadLacRequest, ledger_id, 0, None, sync=False)
     assert 5 in h.handler._ledgers and not h.handler._ledgers[5].fence_durable
     h.journal.sync()
+
+
+def test_a_ledgers_entries_record_cut_short_is_refused_by_replay():
+    parts = [(L, packed([(0, bytes(30))])), (L + 1, packed([(3, bytes(24)), (4, bytes(40))]))]
+    body = b"".join(ledgers_entries_record(parts)[1])
+    assert [(lid, [e for e, _ in entries]) for lid, entries in unpack_ledgers_entries(body)] == [
+        (L, [0]),
+        (L + 1, [3, 4]),
+    ]
+    for cut in (5, 20, len(body) - 1):
+        with pytest.raises(ValueError):
+            unpack_ledgers_entries(body[:cut])

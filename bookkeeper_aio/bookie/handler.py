@@ -21,8 +21,8 @@ read-only (recovery adds pass), the end-to-end digest (BP-31), the master key, t
 (recovery adds pass). The order matches BookKeeper's ``BookieImpl.addEntry`` except that the
 digest comes first: a corrupt frame must not create a ledger as a side effect. A
 ``MultiAddRequest`` is its parts handled one after another exactly so, answered once the last
-part has its answer (each part's journal record is appended, and the last one's callback
-answers them all: the journal is ordered and fail-stop); at most ``multi_add_parts_max``
+part has its answer (the stored entries of all its parts are journaled as one record, whose
+callback answers them all); at most ``multi_add_parts_max``
 parts and ``request_entries_max`` entries in all (a frame's work is bounded, not just its
 bytes).
 
@@ -115,19 +115,19 @@ from ..protocol import (
     multi_add_parts,
 )
 from .deferred import DeferredCopies
-from .journal import (
-    REC_ENTRIES,
-    REC_ENTRY,
-    REC_EXPLICIT_LAC,
-    REC_FENCE,
-    REC_LIMBO,
-    REC_MASTER_KEY,
-    Body,
-)
+from .journal import REC_ENTRY, REC_EXPLICIT_LAC, REC_FENCE, REC_LIMBO, REC_MASTER_KEY, Body
 from .ledger_state import LedgerState, LedgerView, pack_proof
 from .long_poll import LongPoll, Peer
 from .read_pool import BatchRead, ReadPool
-from .records import LEDGER_KEY, entries_record, entry_body, ledger_body, limbo_body
+from .records import (
+    Journaled,
+    entries_record,
+    entry_body,
+    ledger_body,
+    ledgers_entries_record,
+    limbo_body,
+    packed,
+)
 from .trace import AddTrace, TracedReply
 
 log = logging.getLogger(__name__)
@@ -375,26 +375,26 @@ class RequestHandler:
         started = self._clock()
         if self.trace is not None:
             reply = TracedReply(self.trace, reply, req.ledger_id, req.entry_id, 1)
-        answer, record = self._stage_add(req)
-        self._answer_when_durable(answer, record, reply, started)
+        answer, journaled = self._stage_add(req)
+        self._answer_when_durable(answer, journaled, reply, started)
 
     def _add_batch(self, req: AddBatchRequest, reply: Reply, peer: Peer) -> None:
         """Each entry as :meth:`_add` would; one journal record for the stored ones and one
         answer once it is durable."""
         started = self._clock()
         handled = time.perf_counter() if self.trace is not None else 0.0
-        entries, answer, record = self._stage_batch(req)
+        entries, answer, journaled = self._stage_batch(req)
         if self.trace is not None and entries:
             reply = TracedReply(self.trace, reply, req.ledger_id, entries[0][0], len(entries),
                                 handled)  # fmt: skip
-        self._answer_when_durable(answer, record, reply, started)
+        self._answer_when_durable(answer, journaled, reply, started)
 
     def _answer_when_durable(
-        self, answer: Message, record: tuple[int, Body] | None, reply: Reply, started: float
+        self, answer: Message, journaled: Journaled | None, reply: Reply, started: float
     ) -> None:
-        """Reply ``answer`` now if there is no journal ``record`` to wait for, else once the
-        record is durable (its stored entries IO_ERROR if the journal fails)."""
-        if record is None:
+        """Reply ``answer`` now if there are no ``journaled`` entries to wait for, else once
+        their record is durable (its stored entries IO_ERROR if the journal fails)."""
+        if journaled is None:
             reply(answer)
             return
 
@@ -404,11 +404,11 @@ class RequestHandler:
 
         if type(reply) is TracedReply:  # before: the journal thread may take it at once
             reply.queued_now()
-        self.journal.append(*record, durable)
+        self.journal.append(*entries_record(journaled), durable)
 
-    def _stage_add(self, req: AddRequest) -> tuple[AddResponse, tuple[int, Body] | None]:
-        """Check and store an add: its answer once its journal record (None: no record to
-        wait for, the answer is final now) is durable."""
+    def _stage_add(self, req: AddRequest) -> tuple[AddResponse, Journaled | None]:
+        """Check and store an add: its answer once its entry is journaled (None: nothing to
+        journal, the answer is final now), and the entry to journal."""
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
         pdigest = payload_digest(req.payload)
         record = pack_entry_record(req.lac, pdigest, req.digest, req.payload)
@@ -416,14 +416,14 @@ class RequestHandler:
         entry = (eid, req.lac, pdigest, req.digest, record, intact)
         statuses, journaled = self._store(lid, req.flags, req.master_key, (entry,))
         answer = AddResponse(rid, statuses[0], lid, eid)
-        return answer, entries_record(lid, journaled) if journaled else None
+        return answer, (lid, packed(journaled)) if journaled else None
 
     def _stage_batch(
         self, req: AddBatchRequest, entries_max: int = 0
-    ) -> tuple[list[CheckedEntry], Message, tuple[int, Body] | None]:
+    ) -> tuple[list[CheckedEntry], Message, Journaled | None]:
         """Check and store an add batch: the entries it carried (none if refused whole), its
-        answer once its journal record (None: no record, the answer is final now) is
-        durable, and that record."""
+        answer once its stored entries are journaled (None: nothing to journal, the answer
+        is final now), and those entries."""
         rid, lid = req.request_id, req.ledger_id
         try:
             entries_max = entries_max or self.config.request_entries_max
@@ -436,18 +436,17 @@ class RequestHandler:
         if not journaled:
             return entries, answer, None
         if len(journaled) == len(entries):  # the request's bytes are the record's body
-            return entries, answer, (REC_ENTRIES, (LEDGER_KEY.pack(lid), req.entries))
-        return entries, answer, entries_record(lid, journaled)
+            return entries, answer, (lid, (req.entries,))
+        return entries, answer, (lid, packed(journaled))
 
     def _multi_add(self, req: MultiAddRequest, reply: Reply, peer: Peer) -> None:
         """Each part checked and stored as if it had come alone; one answer once every part
         has its own. At most ``multi_add_parts_max`` parts (else refused whole) and
         ``request_entries_max`` entries in all (the parts past it are refused).
 
-        The parts' journal records are appended together, and only the last one has a
-        callback: the journal is ordered and fail-stop, so its callback tells of every one
-        before it. (A callback, an answer object and a closure per part cost the bookie
-        more than the part's entries when 100 ledgers share a request.)"""
+        The parts' stored entries are journaled as one record (``REC_LEDGERS_ENTRIES``) with
+        one callback. (A record, a callback, an answer object and a closure per part cost the
+        bookie more than the part's entries when 100 ledgers share a request.)"""
         if len(req.parts) > self.config.multi_add_parts_max:
             self.counters["add_bad_request"] += 1
             reply(MultiAddResponse(req.request_id, StatusCode.BAD_REQUEST, []))
@@ -455,8 +454,8 @@ class RequestHandler:
         started = self._clock()
         parts = multi_add_parts(req)
         results: list[list[Any]] = [[] for _ in parts]
-        records: list[tuple[int, Body]] = []
-        waiting: list[tuple[int, Message]] = []  # (part, its answer once its record is durable)
+        journaled: list[Journaled] = []  # the stored entries of each part, in order
+        waiting: list[tuple[int, Message]] = []  # (part, its answer once journaled)
         traced: list[tuple[int, int, int, float]] = []  # (lid, first, count, handled) of each
         entries_left = self.config.request_entries_max
         for index, part in enumerate(parts):
@@ -473,26 +472,26 @@ class RequestHandler:
             handled = time.perf_counter() if self.trace is not None else 0.0
             try:
                 if type(part) is AddBatchRequest:
-                    entries, answer, record = self._stage_batch(part, entries_left)
+                    entries, answer, stored = self._stage_batch(part, entries_left)
                     entries_left -= len(entries) or 1
                     span = (entries[0][0], len(entries)) if entries else (0, 0)
                 else:
                     assert type(part) is AddRequest  # multi_add_parts: an add or a batch
                     entries_left -= 1
-                    answer, record = self._stage_add(part)
+                    answer, stored = self._stage_add(part)
                     span = (part.entry_id, 1)
             except Exception as exc:
                 self._note_failure(part, exc)
                 results[index] = as_part(error_response(part, StatusCode.IO_ERROR))
                 continue
-            if record is None:
+            if stored is None:
                 results[index] = as_part(answer)
                 continue
-            records.append(record)
+            journaled.append(stored)
             waiting.append((index, answer))
             if self.trace is not None:
                 traced.append((part.ledger_id, *span, handled))
-        if not records:
+        if not journaled:
             reply(MultiAddResponse(req.request_id, OK, results))
             return
         queued = time.perf_counter() if self.trace is not None else 0.0
@@ -506,11 +505,8 @@ class RequestHandler:
             reply(MultiAddResponse(req.request_id, OK, results))
             self.add_latency.observe_many(self._clock() - started, len(waiting))
 
-        append = self.journal.append
         try:
-            for record in records[:-1]:
-                append(*record, _ignore)
-            append(*records[-1], durable)
+            self.journal.append(*ledgers_entries_record(journaled), durable)
         except Exception as exc:  # the journal failed: no part is known durable
             self._note_failure(req, exc)
             durable(exc)

@@ -40,6 +40,7 @@ REC_FENCE = 3
 REC_EXPLICIT_LAC = 4
 REC_LIMBO = 5
 REC_ENTRIES = 6
+REC_LEDGERS_ENTRIES = 7
 
 
 class JournalRecord(NamedTuple):

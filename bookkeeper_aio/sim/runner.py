@@ -29,7 +29,7 @@ from .gwq import GWQ_BUGS
 from .logs import LOG_BUGS
 from .loop import Deadlock, Livelock, VirtualTimeLoop
 from .races import maybe_race
-from .workload import Run, Scenario, draw_scenario, maybe_journal_errors
+from .workload import Run, Scenario, draw_scenario, maybe_journal_errors, maybe_share_client
 from .world import Faults, World
 
 VIRTUAL_LIMIT_S = 600.0
@@ -101,6 +101,7 @@ def run_seed(
     maybe_enable(seed, scenario)  # its own generator: other seeds play as before
     maybe_race(seed, scenario, faults)  # the same
     maybe_journal_errors(seed, scenario, faults)  # the same
+    maybe_share_client(seed, scenario)  # the same
     world.calm_rates_changed()
     run = Run(world, scenario, history)
     if run.quorum_check:
@@ -152,6 +153,7 @@ def scenario_of(seed: int) -> tuple[Scenario, Faults]:
         maybe_enable(seed, scenario)
         maybe_race(seed, scenario, faults)
         maybe_journal_errors(seed, scenario, faults)
+        maybe_share_client(seed, scenario)
     finally:
         loop.close()
     return scenario, faults

@@ -20,7 +20,10 @@ Seed families: half of the seeds are *storms* (recoverers racing busy writers on
 reordering network); most journal-less seeds (BP-46 bookies) are *power storms*
 (:func:`_power_storm`): power cuts that take a bookie's last acknowledged, unsynced entries
 while their ledger is still open, quick restarts, recoverers right after. Both are plain
-random draws of the same agents with other probabilities, not scripts.
+random draws of the same agents with other probabilities, not scripts. In *shared-client*
+seeds (:func:`maybe_share_client`) every writer appends through one client, as a service
+writing many ledgers does: its adds to a bookie in one loop turn travel as one
+``MultiAddRequest``, which the bookie journals as one record for all its ledgers.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ class Scenario:
     autorecovery: Any = None
     # Race seeds (sim/races.py: ensemble changes racing a writer's death, lost fences).
     race: Any = None
+    shared_client: bool = False  # every writer appends through one client (maybe_share_client)
 
 
 def draw_scenario(rng: random.Random, faults: Faults) -> Scenario:
@@ -151,6 +155,21 @@ def maybe_journal_errors(seed: int, sc: Scenario, faults: Faults) -> None:
         faults.disk.journal_error_rate = rng.choice((0.01, 0.05))
 
 
+SHARED_CLIENT_SHARE = 0.3  # of the seeds that are not race seeds
+SHARED_TICK_S = 0.1  # shared-client writers resume after a pause on multiples of this
+
+
+def maybe_share_client(seed: int, sc: Scenario) -> None:
+    """Have every writer of ``sc`` append through one client in some seeds (a generator of
+    their own, so every other seed plays as before). Not in race seeds: their strikes kill a
+    writer's process, which would take every writer's connections along."""
+    rng = random.Random(f"shared-client-{seed}")
+    if sc.race is None and rng.random() < SHARED_CLIENT_SHARE:
+        sc.shared_client = True
+        # A lone add of a turn goes as itself: a MultiAddRequest needs a third writer.
+        sc.writers = max(sc.writers, rng.randint(3, 5))
+
+
 def _power_storm(rng: random.Random, sc: Scenario, faults: Faults) -> None:
     """Turn a journal-less seed into a *power storm* (BP-46's data-loss scenarios).
 
@@ -207,6 +226,7 @@ class Run:
         self.ar: Any = None  # sim/autorecovery.AutorecoveryAgents in autorecovery seeds
         self.last_power_loss_s = -1e9
         self.client_names: list[str] = []
+        self.shared: BookKeeper | None = None  # the writers' one client (shared-client seeds)
         self.writers: dict[int, LedgerWriter] = {}  # ledger id -> its LedgerWriter (god's view)
         # ledger id -> (its writer's client name, the task writing it): race seeds kill it
         self.sessions: dict[int, tuple[str, asyncio.Task[Any]]] = {}
@@ -259,6 +279,8 @@ class Run:
                 await asyncio.gather(*writers, return_exceptions=True)
         for task in writers:
             task.cancel()
+        if self.shared is not None:
+            await close_client(self.shared)
         await self._liveness()
         if self.ar is not None:
             await self.ar.settle()
@@ -279,13 +301,18 @@ class Run:
         for k in range(self.sc.ledgers_per_writer + 8 * busy):
             if k >= self.sc.ledgers_per_writer and loop.time() > self.sc.fault_phase_s:
                 break  # a storm's writers start new ledgers until the faults stop
-            bk = self._client(f"writer-{index}-{k}")
+            name = f"writer-{index}-{k}"
+            shared = self.sc.shared_client
+            if shared and self.shared is None:
+                self.shared = self._client("writers")
+            bk = self.shared if shared and self.shared is not None else self._client(name)
             try:
-                await self._session(bk, f"writer-{index}-{k}")
+                await self._session(bk, name)
             except (BookKeeperError, TimeoutError) as exc:
-                self.history.note(f"writer-{index}-{k}: {type(exc).__name__}: {exc}")
+                self.history.note(f"{name}: {type(exc).__name__}: {exc}")
             finally:
-                await close_client(bk)
+                if not shared:
+                    await close_client(bk)
 
     async def _session(self, bk: BookKeeper, name: str) -> None:
         if self.sc.race is None:
@@ -331,7 +358,12 @@ class Run:
             if len(outstanding) >= window:
                 await outstanding.pop(0)
             if rng.random() < 1 / window:
-                await asyncio.sleep(rng.expovariate(1 / pause_s))
+                pause = rng.expovariate(1 / pause_s)
+                if self.sc.shared_client:  # on a common tick: the writers' bursts coincide
+                    pause += (
+                        SHARED_TICK_S - (asyncio.get_running_loop().time() + pause) % SHARED_TICK_S
+                    )
+                await asyncio.sleep(pause)
         self.draining[lid] = carried  # all sent; the writer's LAC may move past it
         for future in outstanding:
             await future
