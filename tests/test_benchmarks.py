@@ -331,3 +331,47 @@ def test_writes_guaranteed_write_quorum_compares_both_modes_healthy_and_slow(tmp
         assert phase["pending_mib_max"] > 0 and phase["p99_ms"] > 0
     assert set(result["ratio_slow"]) == {"entries_per_s", "p99_ms", "pending_mib_max"}
     assert "GWQ / normal, slow:" in proc.stdout
+
+
+class _FullWriter:
+    """A writer whose pending bound refuses its first ``refusals`` appends until room comes."""
+
+    def __init__(self, refusals: int, closed: bool = False) -> None:
+        self.refusals, self.closed = refusals, closed
+        self.appended: list[bytes] = []
+        self.room = asyncio.Event()
+
+    def append_callback(self, payload: bytes, done) -> int:
+        from bookkeeper_aio.errors import BookKeeperError
+
+        if self.refusals:
+            self.refusals -= 1
+            raise BookKeeperError("10 adds (10240 bytes) pending; await append() instead")
+        self.appended.append(payload)
+        done(len(self.appended) - 1, None)
+        return len(self.appended) - 1
+
+    async def wait_for_room(self, size: int) -> None:
+        from bookkeeper_aio.errors import LedgerClosedError
+
+        await self.room.wait()
+        if self.closed:
+            raise LedgerClosedError("closed")
+
+
+async def test_the_gwq_load_waits_for_room_instead_of_losing_a_refused_add() -> None:
+    from benchmarks.gwq import _round_robin
+
+    full, closing = _FullWriter(refusals=1), _FullWriter(refusals=1, closed=True)
+    results: list[tuple[object, object]] = []
+    send = _round_robin([full, closing], [b"a", b"b"])  # type: ignore[list-item]
+    send(lambda v, e: results.append((v, e)))  # refused by the full writer: waits
+    send(lambda v, e: results.append((v, e)))  # refused; its handle closes meanwhile
+    await asyncio.sleep(0)
+    assert results == [] and full.appended == []
+    full.room.set()
+    closing.room.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert full.appended == [b"a"] and results[0] == (0, None)
+    assert len(results) == 2 and type(results[1][1]).__name__ == "LedgerClosedError"
