@@ -302,16 +302,18 @@ class Run:
             if k >= self.sc.ledgers_per_writer and loop.time() > self.sc.fault_phase_s:
                 break  # a storm's writers start new ledgers until the faults stop
             name = f"writer-{index}-{k}"
-            shared = self.sc.shared_client
-            if shared and self.shared is None:
-                self.shared = self._client("writers")
-            bk = self.shared if shared and self.shared is not None else self._client(name)
+            if self.sc.shared_client:
+                if self.shared is None:
+                    self.shared = self._client("writers")
+                bk = self.shared
+            else:
+                bk = self._client(name)
             try:
                 await self._session(bk, name)
             except (BookKeeperError, TimeoutError) as exc:
                 self.history.note(f"{name}: {type(exc).__name__}: {exc}")
             finally:
-                if not shared:
+                if bk is not self.shared:  # (the shared one is closed after the writers)
                     await close_client(bk)
 
     async def _session(self, bk: BookKeeper, name: str) -> None:
@@ -360,9 +362,8 @@ class Run:
             if rng.random() < 1 / window:
                 pause = rng.expovariate(1 / pause_s)
                 if self.sc.shared_client:  # on a common tick: the writers' bursts coincide
-                    pause += (
-                        SHARED_TICK_S - (asyncio.get_running_loop().time() + pause) % SHARED_TICK_S
-                    )
+                    end = asyncio.get_running_loop().time() + pause
+                    pause += SHARED_TICK_S - end % SHARED_TICK_S
                 await asyncio.sleep(pause)
         self.draining[lid] = carried  # all sent; the writer's LAC may move past it
         for future in outstanding:
