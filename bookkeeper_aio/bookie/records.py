@@ -79,7 +79,8 @@ def ledgers_entries_record(parts: list[Journaled]) -> tuple[int, Body]:
     ``REC_ENTRIES`` for one, ``REC_LEDGERS_ENTRIES`` for more."""
     if len(parts) == 1:
         return entries_record(parts[0])
-    span, body = LEDGER_SPAN.pack, []
+    span = LEDGER_SPAN.pack
+    body: list[Record] = []
     for ledger_id, pieces in parts:
         body.append(span(ledger_id, sum(map(len, pieces))))
         body += pieces
