@@ -27,6 +27,7 @@ from bookkeeper_aio.protocol import (
     AddRequest,
     HelloRequest,
     ListEntriesRequest,
+    SharedFrame,
     encode,
     pack_add_entries,
 )
@@ -179,6 +180,54 @@ async def test_kill_9_during_a_stream_of_adds_loses_nothing_acknowledged(tmp_pat
         acked = await task
         bookie.start()
         await read_back(bookie.address, 9, acked)
+    finally:
+        bookie.kill()
+
+
+async def _multi_adds(address: str, ledgers: range, rounds: int) -> dict[tuple[int, int], bytes]:
+    """``rounds`` adds to each of ``ledgers``, each round's in one loop turn through one
+    connection, so that they travel as MultiAddRequests (BookieClient.request_shared); the
+    payloads of those acknowledged OK, by (ledger, entry)."""
+    client = await BookieClient.connect(TcpNetwork(), address, CONFIG)
+    loop = asyncio.get_running_loop()
+    answers: dict[tuple[int, int], asyncio.Future] = {}
+    payloads: dict[tuple[int, int], bytes] = {}
+    try:
+        for e in range(rounds):
+            for lid in ledgers:
+                payload = payloads[lid, e] = os.urandom(50 + (lid * 31 + e) % 400)
+                frame = SharedFrame(AddRequest, lid, e, 0, KEY, e - 1, payload,
+                                    _digest(lid, e, payload))  # fmt: skip
+                answers[lid, e] = future = loop.create_future()
+                client.request_shared(frame, future.set_result)
+            await asyncio.sleep(0.002)  # the next round in a later turn, as a service's
+        await asyncio.wait(answers.values(), timeout=30)
+        assert client.statistics()["multi_adds"] >= rounds // 2, client.statistics()
+    finally:
+        await client.close()
+    return {
+        key: payloads[key]
+        for key, answer in answers.items()
+        if answer.done()
+        and not isinstance(answer.result(), BaseException)
+        and answer.result().status == StatusCode.OK
+    }
+
+
+@pytest.mark.parametrize("engine", ["files", "rocksdb"])
+async def test_multi_adds_of_many_ledgers_survive_kill_9(tmp_path, engine):
+    """A multi-add's parts are journaled as one REC_LEDGERS_ENTRIES record: a replay after a
+    kill -9 puts every acknowledged entry of every ledger back into the real engine."""
+    bookie = BookieProcess(tmp_path, engine).start()
+    ledgers = range(100, 120)
+    try:
+        acked = await _multi_adds(bookie.address, ledgers, 60)
+        assert len(acked) == 20 * 60
+        bookie.kill()
+        bookie.start()
+        for lid in ledgers:
+            mine = {e: p for (owner, e), p in acked.items() if owner == lid}
+            await read_back(bookie.address, lid, mine)
     finally:
         bookie.kill()
 
