@@ -11,10 +11,11 @@ request to time out. Each phase is the ``writes`` load (``append_callback``, clo
 bytes are sampled every ``SAMPLE_S``: the client memory GWQ costs (an add stays until WQ
 bookies hold it, not AQ). The client's pending and backlog bounds admit
 ``PENDING_PER_OUTSTANDING`` times ``--outstanding``: behind a bookie slower than the load, a
-GWQ writer's pending adds grow until that bound, where an application's ``append()`` would
-wait (the load's ``append_callback`` would be refused). The result gives GWQ / normal ratios
-per condition (same run, same cluster). Each condition runs four phases of ``--duration /
-2`` in the order normal, GWQ, GWQ, normal, and each mode's figures are the mean of its two
+GWQ writer's pending adds grow until that bound, where an application's ``append()`` waits
+for room, and so does the load (a refused ``append_callback`` is sent again once there is).
+The result gives GWQ / normal ratios per condition (same run, same cluster). Each condition
+runs four phases of ``--duration / 2`` in the order normal, GWQ, GWQ, normal, and each mode's
+figures are the mean of its two
 (``pending_mib_max`` and ``max_ms`` the larger): a cluster slows down over a run (RocksDB
 compactions, the VM's slow stretches), and measured in the order normal then GWQ, that
 trend alone made GWQ look 36 % slower; the mirrored order cancels a linear trend. With
@@ -45,6 +46,7 @@ SLOW_STOP_MS = 10.0
 SLOW_PERIOD_MS = 40.0
 SAMPLE_S = 0.01
 PENDING_PER_OUTSTANDING = 50  # the client's pending bounds, per add kept in flight
+ROOM_WAIT_S = 60.0  # a refused add waits this long for room at most (the load's drain's bound)
 MiB = 1 << 20
 PHASES = (("healthy", False), ("healthy", True), ("slow", False), ("slow", True))  # printed
 ORDER = (False, True, True, False)  # the modes of one condition's phases (ABBA)
@@ -149,12 +151,13 @@ def _round_robin(writers: list[LedgerWriter], payloads: list[bytes]) -> Callback
 
 
 async def _append_when_room(writer: LedgerWriter, payload: bytes, done: Done) -> None:
-    """Wait for room in ``writer`` (bounded by the load's drain timeout), then append; a
-    handle that failed or closed meanwhile fails the add instead."""
+    """Wait for room in ``writer`` (at most ``ROOM_WAIT_S``), then append; a handle that
+    failed or closed meanwhile, or no room in time, fails the add instead."""
     try:
-        await writer.wait_for_room(len(payload))
+        async with asyncio.timeout(ROOM_WAIT_S):
+            await writer.wait_for_room(len(payload))
         writer.append_callback(payload, done)
-    except BookKeeperError as exc:
+    except (BookKeeperError, TimeoutError) as exc:
         done(None, exc)
 
 

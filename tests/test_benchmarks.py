@@ -18,7 +18,9 @@ import pytest
 
 from benchmarks import machine
 from benchmarks.disk import copy_limit
+from benchmarks.gwq import _round_robin
 from benchmarks.peers import ratios
+from bookkeeper_aio.errors import BookKeeperError, LedgerClosedError
 from bookkeeper_aio.sandbox import Cluster
 
 pytestmark = pytest.mark.process
@@ -342,8 +344,6 @@ class _FullWriter:
         self.room = asyncio.Event()
 
     def append_callback(self, payload: bytes, done) -> int:
-        from bookkeeper_aio.errors import BookKeeperError
-
         if self.refusals:
             self.refusals -= 1
             raise BookKeeperError("10 adds (10240 bytes) pending; await append() instead")
@@ -352,16 +352,12 @@ class _FullWriter:
         return len(self.appended) - 1
 
     async def wait_for_room(self, size: int) -> None:
-        from bookkeeper_aio.errors import LedgerClosedError
-
         await self.room.wait()
         if self.closed:
             raise LedgerClosedError("closed")
 
 
 async def test_the_gwq_load_waits_for_room_instead_of_losing_a_refused_add() -> None:
-    from benchmarks.gwq import _round_robin
-
     full, closing = _FullWriter(refusals=1), _FullWriter(refusals=1, closed=True)
     results: list[tuple[object, object]] = []
     send = _round_robin([full, closing], [b"a", b"b"])  # type: ignore[list-item]
