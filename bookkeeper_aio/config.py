@@ -229,7 +229,7 @@ class BookieConfig(AutorecoverySettings):
     # One add at a time: ~25 us less CPU per add and bookie (docs/engines.md).
     engine_write_behind_bytes: int = 1 * MiB
     # rocksdb: its flushes and compactions write at most this fast per ledger dir (RocksDB's
-    # rate limiter, in bursts of 4 ms), so the journal's fdatasyncs on the same disk do not
+    # rate limiter, in bursts of 2 ms), so the journal's fdatasyncs on the same disk do not
     # wait behind megabytes of SST writes: open-loop p99 at 8,000 adds/s 72-112 -> 16-85 ms on
     # the benchmarks' VM (docs/performance.md). The flushes must keep up with the adds
     # (entries/s x entry bytes, plus compactions with many ledgers). 0: no limit.

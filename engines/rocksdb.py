@@ -167,7 +167,7 @@ _IMMUTABLE_PAUSE = 3
 _L0_FILES_COMPACTED = 16  # level-0 SSTs that start a compaction (_level0)
 _L0_FILES_SLOWDOWN = 40
 _L0_FILES_STOP = 64
-_RATE_REFILL_US = 4000  # the rate limiter's period: a burst is 4 ms of the rate (_pace_writes)
+_RATE_REFILL_US = 2000  # the rate limiter's period: a burst is 2 ms of the rate (_pace_writes)
 _BLOB_GC_AGE_CUTOFF = 0.25  # COPIES_CF: RocksDB's default, the oldest quarter's payloads move
 
 
@@ -911,7 +911,19 @@ def _pace_writes(options: Options, rate: int) -> None:
     `writes` +15 %, 100 ledgers' -7-12 % (their compactions share the limit; none with blob
     files). 32 MiB/s capped one ledger at 29k entries/s, the flushes' own rate. RocksDB's
     auto-tuned limiter adapts too slowly (+5 % per 100 refills): peak writes fell to 19k
-    (docs/performance.md, "The engine's writes, paced")."""
+    (docs/performance.md, "The engine's writes, paced").
+
+    The burst matters as much as the rate: a flush's write is one burst (RocksDB cuts its
+    writes to what the limiter grants), and the fdatasync after it waits for it. At 10,000
+    adds/s (one ledger, `breakdown`, alternated, 2026-11-28) the slowest 1 % of adds spent
+    18-27 ms in their fdatasync with 4 ms bursts (256 KiB), 11-12 ms with 2 ms, 7-12 ms with
+    1 ms; the adds' p99 was 70-123, 43-50 and 30-46 ms. A higher rate undoes it (1 ms bursts
+    at 96 and 128 MiB/s: p99 43-59 and 61-70 ms). Shorter periods lose rate under load: a
+    flush alone wrote 51 MiB/s at 4 ms, 46 at 1 ms, 42 at 0.5; beside the bookies' busy loops
+    one at 1 ms fell behind `writes --outstanding 1000`'s ~25 MB/s per bookie and paused the
+    bookies' reads 18 times (3.2 s in all), our reading being that a refill that wakes late
+    still adds one period's bytes. 2 ms paused them never (one ledger 5 s, 100 ledgers 5 and
+    20 s); the bookies' CPU per entry +0-3 µs."""
     options.set_ratelimiter(rate, _RATE_REFILL_US, 10)  # 10: RocksDB's default fairness
 
 
