@@ -12,7 +12,7 @@ bytes are sampled every ``SAMPLE_S``: the client memory GWQ costs (an add stays 
 bookies hold it, not AQ). The client's pending and backlog bounds admit
 ``PENDING_PER_OUTSTANDING`` times ``--outstanding``: behind a bookie slower than the load, a
 GWQ writer's pending adds grow until that bound, where an application's ``append()`` waits
-for room, and so does the load (a refused ``append_callback`` is sent again once there is).
+for room, and so does the load (``writes.round_robin_callbacks``).
 The result gives GWQ / normal ratios per condition (same run, same cluster). Each condition
 runs four phases of ``--duration / 2`` in the order normal, GWQ, GWQ, normal, and each mode's
 figures are the mean of its two
@@ -38,15 +38,15 @@ from bookkeeper_aio.sandbox import BookieProcess
 
 from . import machine
 from .cluster import mode_target
-from .load import CallbackSend, Done, LoadResult, closed_loop, drive, payload_pool
+from .load import LoadResult, closed_loop, drive, payload_pool
 from .options import PASSWORD, client_config, quorum_label
 from .stats import print_table, write_json
+from .writes import round_robin_callbacks
 
 SLOW_STOP_MS = 10.0
 SLOW_PERIOD_MS = 40.0
 SAMPLE_S = 0.01
 PENDING_PER_OUTSTANDING = 50  # the client's pending bounds, per add kept in flight
-ROOM_WAIT_S = 60.0  # a refused add waits this long for room at most (the load's drain's bound)
 MiB = 1 << 20
 PHASES = (("healthy", False), ("healthy", True), ("slow", False), ("slow", True))  # printed
 ORDER = (False, True, True, False)  # the modes of one condition's phases (ABBA)
@@ -105,7 +105,7 @@ async def _measure(uri: str, args: argparse.Namespace, gwq: bool) -> dict[str, A
             await bk.create_ledger(*quorums, password=PASSWORD, guaranteed_write_quorum=gwq)
             for _ in range(args.ledgers)
         ]
-        send = _round_robin(writers, payloads)
+        send = round_robin_callbacks(writers, payloads)
         if args.warmup > 0:
             await closed_loop(send, args.outstanding, args.warmup, callbacks=True)
         async with machine.cpu_probe() as probe, _pending_sampler(writers) as pending:
@@ -126,39 +126,6 @@ async def _measure(uri: str, args: argparse.Namespace, gwq: bool) -> dict[str, A
         "pending_mib_mean": sum(pending) / max(len(pending), 1) / MiB,
         "cpu_probe_ms": machine.cpu_probe_ms(probe),
     }
-
-
-def _round_robin(writers: list[LedgerWriter], payloads: list[bytes]) -> CallbackSend:
-    """A ``send`` that appends in turn and, refused (the writer's pending bound: behind a slow
-    bookie a GWQ writer reaches it), waits for room as ``append()`` does and then appends: the
-    add stays in flight and its latency counts the wait. (Refused sends used to leave the
-    closed loop: a `make bench` of 2026-11-28 lost all 1000 of its adds in flight that way.)"""
-    turn = [0, 0]
-    waiting: set[asyncio.Task[None]] = set()
-
-    def send(done: Done) -> int:
-        w, p = turn
-        turn[0], turn[1] = (w + 1) % len(writers), (p + 1) % len(payloads)
-        try:
-            return writers[w].append_callback(payloads[p], done)
-        except BookKeeperError:
-            task = asyncio.ensure_future(_append_when_room(writers[w], payloads[p], done))
-            waiting.add(task)
-            task.add_done_callback(waiting.discard)
-            return -1
-
-    return send
-
-
-async def _append_when_room(writer: LedgerWriter, payload: bytes, done: Done) -> None:
-    """Wait for room in ``writer`` (at most ``ROOM_WAIT_S``), then append; a handle that
-    failed or closed meanwhile, or no room in time, fails the add instead."""
-    try:
-        async with asyncio.timeout(ROOM_WAIT_S):
-            await writer.wait_for_room(len(payload))
-        writer.append_callback(payload, done)
-    except (BookKeeperError, TimeoutError) as exc:
-        done(None, exc)
 
 
 @contextlib.asynccontextmanager

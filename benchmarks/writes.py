@@ -31,6 +31,7 @@ from . import machine
 from .cluster import mode_target
 from .load import (
     CallbackSend,
+    Done,
     GcPauses,
     LoadResult,
     Send,
@@ -44,6 +45,7 @@ from .peers import disk_limits, etcd_fields, etcd_peer, ratios
 from .stats import print_table, write_json
 
 CLOSE_TIMEOUT_S = 30.0
+ROOM_WAIT_S = 60.0  # a refused add waits this long for room at most (the loads' drain bound)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,9 +102,39 @@ def round_robin(writers: list[LedgerWriter], payloads: Sequence[bytes]) -> Send:
 
 
 def round_robin_callbacks(writers: list[LedgerWriter], payloads: Sequence[bytes]) -> CallbackSend:
-    """:func:`round_robin` through ``append_callback`` (the load's ``callbacks=True``)."""
+    """:func:`round_robin` through ``append_callback`` (the load's ``callbacks=True``).
+
+    An add the writer refuses (its pending or backlog bound: a bookie beyond the ack quorum
+    lagging, a GWQ writer behind a slow bookie) waits for room as ``append()`` does, then
+    goes: it stays in flight and its latency counts the wait; ``send`` returns -1 for it.
+    (A refused send used to leave the closed loop: a `make bench` of 2026-11-28 lost all 1000
+    adds in flight of the GWQ phase that way, and a `writes` run of a client paused by a
+    profiler all of its own.)"""
     turn, payload = itertools.cycle(writers), itertools.cycle(payloads)
-    return lambda done: next(turn).append_callback(next(payload), done)
+    waiting: set[asyncio.Task[None]] = set()
+
+    def send(done: Done) -> int:
+        writer, data = next(turn), next(payload)
+        try:
+            return writer.append_callback(data, done)
+        except BookKeeperError:
+            task = asyncio.ensure_future(_append_when_room(writer, data, done))
+            waiting.add(task)
+            task.add_done_callback(waiting.discard)
+            return -1
+
+    return send
+
+
+async def _append_when_room(writer: LedgerWriter, payload: bytes, done: Done) -> None:
+    """Wait for room in ``writer`` (at most ``ROOM_WAIT_S``), then append; a handle that
+    failed or closed meanwhile, or no room in time, fails the add instead."""
+    try:
+        async with asyncio.timeout(ROOM_WAIT_S):
+            await writer.wait_for_room(len(payload))
+        writer.append_callback(payload, done)
+    except (BookKeeperError, TimeoutError) as exc:
+        done(None, exc)
 
 
 async def measure_writes(
@@ -153,7 +185,7 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
 async def run_writes(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
     """The ``writes`` mode: measure, then the peers; print a table; write the JSON."""
     if args.guaranteed_write_quorum:
-        from .gwq import run_gwq  # (gwq imports this module's helpers' neighbours)
+        from .gwq import run_gwq  # here: gwq imports this module
 
         return await run_gwq(args, quiet=quiet)
     async with mode_target(args) as tgt:

@@ -18,8 +18,8 @@ import pytest
 
 from benchmarks import machine
 from benchmarks.disk import copy_limit
-from benchmarks.gwq import _round_robin
 from benchmarks.peers import ratios
+from benchmarks.writes import round_robin_callbacks
 from bookkeeper_aio.errors import BookKeeperError, LedgerClosedError
 from bookkeeper_aio.sandbox import Cluster
 
@@ -357,10 +357,10 @@ class _FullWriter:
             raise LedgerClosedError("closed")
 
 
-async def test_the_gwq_load_waits_for_room_instead_of_losing_a_refused_add() -> None:
+async def test_the_write_load_waits_for_room_instead_of_losing_a_refused_add() -> None:
     full, closing = _FullWriter(refusals=1), _FullWriter(refusals=1, closed=True)
     results: list[tuple[object, object]] = []
-    send = _round_robin([full, closing], [b"a", b"b"])  # type: ignore[list-item]
+    send = round_robin_callbacks([full, closing], [b"a", b"b"])  # type: ignore[list-item]
     send(lambda v, e: results.append((v, e)))  # refused by the full writer: waits
     send(lambda v, e: results.append((v, e)))  # refused; its handle closes meanwhile
     await asyncio.sleep(0)
