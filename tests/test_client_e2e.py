@@ -102,15 +102,58 @@ async def test_small_adds_of_several_ledgers_in_one_turn_share_a_request(shared_
             ids = await asyncio.gather(*futures)
         assert ids == [i + 1 for i in range(20) for _ in writers]
         after = bk.ctx.pool.statistics()
-        # Each writer packs its adds for a bookie into one frame; of the frames for one
-        # bookie, the first leaves at once and the others together (one MultiAddRequest).
+        # Each writer packs its adds for a bookie into one frame; the frames for one bookie
+        # leave together (one MultiAddRequest): the turn of the first appends had several
+        # adds for each bookie, so this turn's first frame waited for the others too.
         users = collections.Counter(b for w in writers for b in w.metadata.ensembles[0][1])
-        assert after["requests"] - before["requests"] == sum(1 + (n > 1) for n in users.values())
-        assert after["multi_adds"] - before["multi_adds"] == sum(n > 2 for n in users.values())
+        assert after["requests"] - before["requests"] == len(users)
+        assert after["multi_adds"] - before["multi_adds"] == sum(n > 1 for n in users.values())
         for n, w in enumerate(writers):
             assert await read_all(bk, w.ledger_id) == [b"first"] + [
                 b"%d-%d" % (n, i) for i in range(20)
             ]
+
+
+async def test_a_turn_after_one_of_several_adds_sends_its_first_add_with_the_others(
+    shared_cluster,
+):
+    async with BookKeeper.connect(shared_cluster.uri, CONFIG) as bk:
+        client = await bk.ctx.pool.get(shared_cluster.bookies[0].address)
+        told: list[object] = []
+        more = asyncio.Event()
+
+        def tell(answer: object) -> None:
+            told.append(answer)
+            more.set()
+
+        def turn(ledgers: range) -> int:
+            """Send one small add per ledger now; how many requests left at once."""
+            before = client.statistics()["requests"]
+            for ledger_id in ledgers:
+                frame = SharedFrame(AddRequest, ledger_id, 0, 0, master_key(b"pw"), -1, b"x", 0)
+                client.request_shared(frame, tell)
+            return client.statistics()["requests"] - before
+
+        async def answered(count: int) -> None:
+            async with asyncio.timeout(10):
+                while len(told) < count:
+                    more.clear()
+                    await more.wait()
+
+        await asyncio.sleep(0)  # a turn of its own
+        assert turn(range(910, 911)) == 1  # one add: at once
+        await answered(1)
+        assert turn(range(911, 914)) == 1  # several: the first at once, the others at its end
+        await asyncio.sleep(0)  # the end of that turn: one MultiAddRequest of two
+        multi = client.statistics()["multi_adds"]
+        assert turn(range(914, 917)) == 0  # after several: all three wait for the end
+        await asyncio.sleep(0)
+        assert client.statistics()["multi_adds"] == multi + 1  # ... and leave as one request
+        await answered(7)
+        assert turn(range(917, 918)) == 0  # the last turn had several: even a lone one waits
+        await answered(8)
+        assert turn(range(918, 919)) == 1  # after a turn of one add, at once again
+        await answered(9)
 
 
 async def test_adds_waiting_for_the_end_of_the_turn_fail_with_their_connection(shared_cluster):

@@ -9,7 +9,9 @@ whatever order the bookie answers. Adds packed by writers (:meth:`BookieClient.r
 go out at once when they are the connection's first request of a loop turn or large; the
 small adds (of other writers) that follow in the same turn leave together at its end, as one
 ``MultiAddRequest`` (at most ``add_batch_entries_max`` parts and ``add_batch_bytes_max``
-bytes), and each writer gets the answer its own request would have had. A response resolves
+bytes), and each writer gets the answer its own request would have had. After a turn that
+had several small adds, the next turn's first waits for its end too (one request per turn
+while many ledgers write; one add at a time still leaves at once). A response resolves
 its future whatever its status (callers interpret statuses); an ``ErrorResponse`` resolves it
 with the matching exception.
 
@@ -131,6 +133,8 @@ class BookieClient(FramedConnection):
         # Adds of this loop turn after its first request: one MultiAddRequest at its end.
         self._parts: list[tuple[SharedFrame, Callable[[Any], None]]] = []
         self._parts_bytes = 0
+        self._turn_adds = 0  # adds that could be parts, this loop turn
+        self._gather = False  # the last turn had several: this one's first waits too
         self._closed: BaseException | None = None
         self._writable = asyncio.Event()
         self._writable.set()
@@ -293,14 +297,17 @@ class BookieClient(FramedConnection):
         """:meth:`request_callback` for a request packed once for several bookies (its caller,
         the writer's end-of-turn flush, already batched it). Written at once when it is the
         first request of this loop turn (one add outstanding waits for nothing); an add after
-        it in the turn becomes a part of the turn's ``MultiAddRequest`` (module docstring)."""
+        it in the turn becomes a part of the turn's ``MultiAddRequest`` (module docstring);
+        after a turn of several adds, the first waits for the end of the turn too."""
         self._check_room()
-        if (
-            self._flush_scheduled
-            and frame.op in MULTI_ADD_PART_OPS
+        part = (
+            frame.op in MULTI_ADD_PART_OPS
             and frame.part_size < MULTI_ADD_PART_BYTES_MAX
             and timeout_s is None
-        ):
+        )
+        self._turn_adds += part
+        if part and (self._flush_scheduled or self._gather):
+            self._schedule_flush()
             config = self.config
             if self._parts and (
                 len(self._parts) >= config.add_batch_entries_max
@@ -392,6 +399,14 @@ class BookieClient(FramedConnection):
             raise self._closed
 
     def _flush(self) -> None:
+        if self._flush_scheduled:  # the end of the turn
+            # Several adds this turn (many ledgers, a busy client): the next turn's are
+            # likely several too, and its first waits with them, so that one request per
+            # turn carries them all. (Written at once, it made a second request per turn for
+            # each bookie: in an open loop over 100 ledgers, as many lone adds as multi-adds.)
+            # After a turn of one add, the first goes at once again (one add at a time).
+            self._gather = self._turn_adds > 1
+            self._turn_adds = 0
         if self._parts:  # the turn's gathered adds go first, as one MultiAddRequest
             self._send_parts()
         FramedConnection._flush(self)
