@@ -413,8 +413,8 @@ class RequestHandler:
         rid, lid, eid = req.request_id, req.ledger_id, req.entry_id
         pdigest = payload_digest(req.payload)
         # The entry packed as a batch carries it, once: the engine stores it so and the
-        # journal record holds it so (packing it in each cost ~1 µs more per lone add, which
-        # is most of a multi-add's parts in an open loop over many ledgers).
+        # journal record holds it so. (The rocksdb engine packed it again: ~2 % of a bookie's
+        # samples in an open loop over 100 ledgers, whose multi-adds are mostly lone adds.)
         one = add_entry_head(eid, req.lac, pdigest, req.digest, len(req.payload)) + req.payload
         record = memoryview(one)[PACKED_ENTRY_PREFIX.size :]
         intact = header_digest(lid, eid, req.lac, pdigest) == req.digest
