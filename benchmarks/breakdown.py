@@ -9,14 +9,18 @@ durable, and per batch when its thread took it, wrote it, synced it and the loop
 callbacks; its GC pauses; its checkpoints). Then, unless ``--rate`` is given, the closed loop
 at ``--outstanding`` for ``--peak-duration`` seconds (the peak); then the open loop at
 ``--rate`` (default: ``--fraction`` of the peak), noting per add its intended send time, when
-the driver sent it and when it completed, and the client's GC pauses. The bookies are stopped
+the driver sent it, when its writer handed it to each bookie's connection and when it
+completed, and the client's GC pauses. The bookies are stopped
 (they write their traces) and every add is joined with the bookie whose answer completed its
 ack quorum (the AQ-th to answer). ``perf_counter`` is CLOCK_MONOTONIC on Linux: one clock for
 every process. An add's latency (from its intended send time) is then the sum of:
 
 =============  ===============================================================================
 driver         the open loop sending it late (its own loop busy: completions, GC)
-to_bookie      client: writer's turn and send; the network; the bookie reading and decoding it
+client_queue   the writer holding it: until its end-of-turn flush, or an answer while
+               ``add_batches_in_flight_max`` of its requests to that bookie are unanswered
+to_bookie      the connection's write (at the end of the turn), the network, the bookie
+               reading and decoding it
 handle         the bookie's handler: checks, engine put, queuing the journal record
 journal_queue  waiting for the journal thread (the batch before it being written and synced)
 write          the journal's write of its batch
@@ -40,6 +44,7 @@ import itertools
 import json
 import statistics
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,8 +66,9 @@ from .options import client_config, quorum_label
 from .stats import print_table, timeline, write_json
 from .writes import close_and_delete, open_writers, round_robin_callbacks
 
-PHASES = ("driver", "to_bookie", "handle", "journal_queue", "write", "fsync", "to_loop",
-          "reply", "answer")  # fmt: skip
+PHASES = ("driver", "client_queue", "to_bookie", "handle", "journal_queue", "write", "fsync",
+          "to_loop", "reply", "answer")  # fmt: skip
+Handed = tuple[int, int, int, str, float]  # (ledger id, first and last entry id, bookie, when)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,6 +92,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slow-fsync-ms", type=float, default=5.0, metavar="MS")
     p.add_argument("--dir", metavar="DIR", help="where the cluster and traces go (tmp)")
     p.add_argument("--json", metavar="PATH")
+
+
+def trace_handing(writers: list[LedgerWriter]) -> list[Handed]:
+    """Note from now on when each writer hands a batch of adds to a bookie's connection
+    (``LedgerWriter._send_batch``, wrapped on these writers only: the library keeps no hook
+    on its hot path for a benchmark); the list fills as they do."""
+    handed: list[Handed] = []
+    for writer in writers:
+        send_batch = writer._send_batch
+
+        def traced(index: int, ops: list[Any], previous: Any, *, _w: Any = writer,
+                   _send: Any = send_batch) -> Any:  # fmt: skip
+            handed.append((_w.ledger_id, ops[0].entry_id, ops[-1].entry_id, _w._ensemble[index],
+                           time.perf_counter()))  # fmt: skip
+            return _send(index, ops, previous)
+
+        writer._send_batch = traced  # type: ignore[method-assign]
+    return handed
 
 
 def traced_send(writers: list[LedgerWriter], payloads: Sequence[bytes]) -> CallbackSend:
@@ -122,6 +146,7 @@ async def measure_breakdown(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     peak = load.summary(args.entry_size)["entries_per_s"]
                 rate = args.rate or max(100.0, round(peak * args.fraction, -2))
+                handed = trace_handing(writers)
                 with frozen_gc(args.gc_freeze), gc_pauses:
                     load = await open_loop(
                         traced_send(writers, payloads), rate, args.duration, cap,
@@ -129,7 +154,7 @@ async def measure_breakdown(args: argparse.Namespace) -> dict[str, Any]:
                     )  # fmt: skip
                 await close_and_delete(bk, writers)
         bookie_traces = {p.stem: json.loads(p.read_text()) for p in sorted(traces.glob("*.json"))}
-    joined = join(trace, bookie_traces, args.ack_quorum)
+    joined = join(trace, handed, bookie_traces, args.ack_quorum)
     result: dict[str, Any] = {
         "rate": rate,
         "peak_entries_per_s": peak,
@@ -147,29 +172,41 @@ async def measure_breakdown(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def join(
-    trace: LoadTrace, bookies: dict[str, Any], ack_quorum: int
+    trace: LoadTrace, handed: list[Handed], bookies: dict[str, Any], ack_quorum: int
 ) -> list[tuple[float, float, dict[str, float]]]:
     """Per completed add: (intended send time, latency, phase -> seconds), from the bookie
-    whose answer completed its ack quorum; adds some bookie did not trace are left out."""
-    per_entry: dict[tuple[int, int], list[tuple[float, ...]]] = {}
-    for data in bookies.values():
+    whose answer completed its ack quorum (and when the writer handed the add to that bookie's
+    connection last before the bookie handled it); adds some bookie did not trace are left
+    out. ``bookies``: each bookie's trace by its file's stem (bookie/trace.py)."""
+    per_entry: dict[tuple[int, int], list[tuple[Any, ...]]] = {}
+    for name, data in bookies.items():
         batches = {b[0]: b for b in data["batches"]}
         for lid, first, count, handled, queued, number, answered in data["requests"]:
             batch = batches.get(number)
             if batch is None:
                 continue
             _, taken, written, synced, loop, *_ = batch
-            times = (handled, queued, taken, written, synced, loop, answered)
+            times = (handled, queued, taken, written, synced, loop, answered, name)
             for eid in range(first, first + count):
                 per_entry.setdefault((lid, eid), []).append(times)
+    hands: dict[tuple[int, int, str], list[float]] = {}
+    for lid, first, last, bookie, when in handed:
+        name = bookie.replace(":", "_").replace("/", "_")  # as the bookie names its trace
+        for eid in range(first, last + 1):
+            hands.setdefault((lid, eid, name), []).append(when)
     out = []
     for index, done in trace.done:
         key, intended, sent = trace.sent[index]
-        answers = sorted(per_entry.get(tuple(key), ()), key=lambda t: t[-1])
+        answers = sorted(per_entry.get(tuple(key), ()), key=lambda t: t[-2])
         if len(answers) < ack_quorum:
             continue
-        handled, queued, taken, written, synced, loop, answered = answers[ack_quorum - 1]
-        marks = (intended, sent, handled, queued, taken, written, synced, loop, answered, done)
+        handled, queued, taken, written, synced, loop, answered, bookie = answers[ack_quorum - 1]
+        # A re-sent add (an ensemble change) was handed more than once: the last before.
+        hand_times = [t for t in hands.get((*key, bookie), ()) if sent <= t <= handled]
+        if not hand_times:
+            continue
+        marks = (intended, sent, max(hand_times), handled, queued, taken, written, synced, loop,
+                 answered, done)  # fmt: skip
         phases = {name: b - a for name, a, b in zip(PHASES, marks[:-1], marks[1:], strict=True)}
         out.append((intended, done - intended, phases))
     return out

@@ -147,8 +147,8 @@ def test_breakdown(tmp_path):
     # Every completed add joined with its bookies' timestamps, whose phases add up to it.
     assert result["joined"] == result["operations"] > 0
     phases = result["phases_all_ms"]
-    assert set(phases) == {"driver", "to_bookie", "handle", "journal_queue", "write", "fsync",
-                           "to_loop", "reply", "answer"}  # fmt: skip
+    assert set(phases) == {"driver", "client_queue", "to_bookie", "handle", "journal_queue",
+                           "write", "fsync", "to_loop", "reply", "answer"}  # fmt: skip
     mean_ms = sum(phases.values())
     assert mean_ms > 0 and phases["fsync"] > 0 and min(phases.values()) >= 0, phases
     assert abs(sum(result["phases_slow_share"].values()) - 1) < 1e-6
