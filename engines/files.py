@@ -4,8 +4,11 @@ Theory of operation
 -------------------
 Every write (entry, ledger info, delete tombstone) becomes one *record* appended to the current
 entry log ``entrylog-XXXXXXXX.log``. Records are staged in a memory buffer and reach the file with
-one ``os.write`` when the buffer fills or on ``sync()``; ``sync()`` then ``fdatasync``s every log
-written since the previous sync, and the directory when a log was created. A log rolls over at
+one ``os.write`` when the buffer fills or on ``sync()``, and the kernel is told to start
+writing them to the disk at once (``sync_file_range``: a checkpoint's fdatasync then finds
+little left to write, and the journal's fdatasyncs on the same disk do not wait behind it).
+``sync()`` then ``fdatasync``s every log written since the previous sync, and the directory
+when a log was created. A log rolls over at
 the first ``sync()`` after it passed ``entry_log_bytes_max``, in the sync's thread: the old log
 is fdatasync'ed to its end before the next one is created, so a torn record can only ever sit
 at the tail of the newest log — and no put waits for that fdatasync (it once ran inside the put
@@ -32,6 +35,7 @@ live fraction fell below a ratio are compacted — live records copied forward, 
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import logging
@@ -42,6 +46,8 @@ import struct
 import sys
 import threading
 from array import array
+from collections.abc import Callable
+from typing import cast
 
 import msgpack
 from xxhash import xxh3_64, xxh3_64_intdigest
@@ -268,11 +274,13 @@ class FilesEngine:
     def _flush(self) -> None:
         """Write the buffer to the current log with one os.write. Caller holds ``_lock``."""
         if self._buf:
+            fd = self._fds[self._log_id]
             try:
-                _write_all(self._fds[self._log_id], self._buf)
+                _write_all(fd, self._buf)
             except OSError as e:
                 self._failure = e
                 raise
+            _start_writeback(fd, self._log_end - len(self._buf), len(self._buf))
             self._buf = bytearray()
             self._flushed = self._log_end
             self._dirty.add(self._log_id)
@@ -643,6 +651,35 @@ def _decode_info(data: bytes) -> LedgerInfo:
         return LedgerInfo.from_bytes(data)
     except (ValueError, TypeError) as e:  # its checksum held: written so by a newer version?
         raise LogCorruptError(f"undecodable ledger info record: {e}") from e
+
+
+def _writeback_call() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``sync_file_range`` (Linux; Python's ``os`` has no binding), or None."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return cast("Callable[[int, int, int, int], int]", call)
+
+
+_SYNC_FILE_RANGE = _writeback_call()
+_SYNC_FILE_RANGE_WRITE = 2  # start writing the range's dirty pages; wait for nothing
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Have the kernel start writing what was just written (a buffer: ~1 MiB) to the disk.
+
+    Without it the page cache held everything until ``sync()``'s fdatasync, which then wrote a
+    checkpoint interval's data in one go (~100 MB a bookie at 10,000 adds/s), and every journal
+    fdatasync on the same disk waited for it: `breakdown --rate 10000 --engine files
+    --duration 20`, p99 227-229 ms, checkpoints ~2.0 s in all; with this 26-30 ms and 0.34-0.37
+    s (two pairs, 2026-11-28; rocksdb's paced flushes the same day: 62.5 ms). Only a hint: its
+    result is ignored, ``sync()``'s fdatasync is still the durability point and reports any
+    error."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
