@@ -102,7 +102,7 @@ def trace_handing(writers: list[LedgerWriter]) -> list[Handed]:
     for writer in writers:
         send_batch = writer._send_batch
 
-        def traced(index: int, ops: list[Any], previous: Any, *, _w: Any = writer,
+        def traced(index: int, ops: list[Any], previous: Any, *, _w: LedgerWriter = writer,
                    _send: Any = send_batch) -> Any:  # fmt: skip
             handed.append((_w.ledger_id, ops[0].entry_id, ops[-1].entry_id, _w._ensemble[index],
                            time.perf_counter()))  # fmt: skip
