@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from .ledger_state import LedgerState, LedgerView
 
 if TYPE_CHECKING:
-    from .handler import RequestHandler
+    from .handler_state import HandlerState
 
 
 class Peer:
@@ -54,7 +54,7 @@ class LongPoll:
 
     def __init__(
         self,
-        handler: RequestHandler,
+        handler: HandlerState,
         state: LedgerState,
         previous_lac: int,
         timeout_s: float,
