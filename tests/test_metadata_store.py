@@ -37,7 +37,7 @@ from bookkeeper_aio.metadata import (
 from bookkeeper_aio.metadata.etcd import EtcdMetadataStore
 from bookkeeper_aio.metadata.memory import MemoryFaults, MemoryMetadataStore
 from bookkeeper_aio.metadata.model import MAX_LEDGER_ID, time_ordered_ledger_id
-from bookkeeper_aio.metadata.store import tombstone_key
+from bookkeeper_aio.metadata.store_shared import tombstone_key
 
 ENSEMBLE = ("b1:1", "b2:2", "b3:3")
 CONFIG = MetadataConfig(lease_ttl_s=1, keepalive_interval_s=0.25, list_page_max=2)

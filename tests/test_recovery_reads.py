@@ -1,4 +1,4 @@
-"""Recovery's read-ahead (client/recovery.py ``_ReadAhead``) against scripted bookies: which
+"""Recovery's read-ahead (client/recovery_reads.py ``_ReadAhead``) against scripted bookies: which
 entries it decides recoverable, and that a bookie's answer never counts twice, with reads of
 one entry at a time and in ReadBatchRequests."""
 
@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bookkeeper_aio.client.recovery import _ReadAhead
+from bookkeeper_aio.client.recovery_reads import _ReadAhead
 from bookkeeper_aio.config import ClientConfig
 from bookkeeper_aio.digest import entry_digest, pack_entry_record, payload_digest
 from bookkeeper_aio.errors import StatusCode

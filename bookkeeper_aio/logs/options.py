@@ -21,7 +21,7 @@ from ..metadata.model import validate_quorums
 
 NAME_BYTES_MAX = 255
 LOGS_PREFIX = "logs/"
-_NAME = re.compile(r"^[^\x00-\x20\x7f/]+$")  # a key segment (metadata.store.check_key)
+_NAME = re.compile(r"^[^\x00-\x20\x7f/]+$")  # a key segment (metadata.store_shared.check_key)
 
 
 def check_name(name: object, what: str = "log name") -> str:

@@ -35,7 +35,7 @@ from .etcd_keys import EtcdKeys, prefix_end
 from .lease import Lease
 from .model import LedgerMetadata, Versioned, time_ordered_ledger_id
 from .registration import BookieInfo, BookieRegistration
-from .store import (
+from .store_shared import (
     bookie_info_from_json,
     bookie_info_to_json,
     check_bookie_id,

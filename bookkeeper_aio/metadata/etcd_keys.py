@@ -30,7 +30,7 @@ from ..errors import MetadataVersionError
 from .etcd_conn import EtcdConnection, LeaseNotFoundError, WatchCompactedError
 from .lease import Lease
 from .model import Versioned
-from .store import check_key, check_value
+from .store_shared import check_key, check_value
 
 if TYPE_CHECKING:
     from ..config import MetadataConfig

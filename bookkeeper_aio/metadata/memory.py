@@ -34,7 +34,7 @@ from .lease import Lease
 from .memory_keys import KeySpace, MemoryKeys
 from .model import MAX_LEDGER_ID, LedgerMetadata, Versioned
 from .registration import BookieInfo, BookieRegistration
-from .store import (
+from .store_shared import (
     check_bookie_id,
     check_cookie,
     check_value,

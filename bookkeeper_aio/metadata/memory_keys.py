@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import LeaseNotFoundError, MetadataVersionError
 from .lease import Lease
 from .model import Versioned
-from .store import check_key, check_value, offer
+from .store_shared import check_key, check_value, offer
 
 if TYPE_CHECKING:
     from collections import Counter

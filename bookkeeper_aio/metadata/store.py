@@ -1,4 +1,4 @@
-"""The metadata store interface, the compare-and-swap loop, and opening a store by URI.
+"""The metadata store interface and the compare-and-swap loops over it.
 
 Theory of operation
 -------------------
@@ -21,36 +21,21 @@ only grow, so "newer" is ``>``. Watches yield values in version order; a watcher
 too far behind skips to the latest value rather than blocking writers (a ledger's metadata
 is a state, not a log).
 
-URIs: ``etcd://HOST:PORT[,HOST:PORT...]/ROOT`` (``metadata/etcd.py``) and ``memory://[NAME]``
-(``metadata/memory.py``; stores with the same name in one process share state, the default
-name is ``default``).
+Where each part lives: the helpers both implementations share (checks of ids, keys and
+values, encodings, a watch's queue) in ``store_shared.py``; metadata URIs and
+:func:`open_metadata_store` in ``store_uri.py`` (they import from here too).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
-import json
-import random
-import re
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import NamedTuple, Protocol, TypeVar
-from urllib.parse import parse_qsl, unquote
+from typing import Protocol, TypeVar
 
-from ..config import MetadataConfig, parse_address
-from ..errors import (
-    ConfigError,
-    IncorrectParameterError,
-    MetadataFormatError,
-    MetadataUnavailableError,
-    MetadataVersionError,
-    NoSuchLedgerError,
-)
+from ..errors import MetadataUnavailableError, MetadataVersionError
 from .lease import Lease
 from .model import LedgerMetadata, Versioned
 from .registration import BookieInfo, BookieRegistration
+from .store_uri import MetadataUri, open_metadata_store, parse_metadata_uri
 
 T = TypeVar("T")
 
@@ -65,14 +50,6 @@ __all__ = [
     "update_key",
     "update_ledger",
 ]
-
-_BOOKIE_ID = re.compile(r"^[A-Za-z0-9_.:\[\]-]{1,255}$")
-_ROOT = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
-# Keys are /-separated segments of printable characters; these first segments belong to the
-# ledger, bookie and cookie methods (whose invariants a raw put would bypass).
-RESERVED_KEY_ROOTS = frozenset({"ledgers", "bookies", "cookies", "creators", "instanceid"})
-KEY_BYTES_MAX = 1024
-_KEY_SEGMENT = re.compile(r"^[^\x00-\x20\x7f/]+$")
 
 
 class MetadataStore(Protocol):
@@ -200,7 +177,7 @@ class MetadataStore(Protocol):
         """The key's value and version, or None.
 
         Raises:
-            IncorrectParameterError: a malformed or reserved key (:func:`check_key`).
+            IncorrectParameterError: a malformed or reserved key (:func:`~.store_shared.check_key`).
         """
         ...
 
@@ -336,258 +313,3 @@ async def update_key(
                 return Versioned(new, found.version)
             current = decode(found)
     raise MetadataVersionError(f"{key}: {retries_max} conflicting updates")
-
-
-# --- helpers shared by the implementations ----------------------------------------------
-
-
-def check_bookie_id(bookie_id: str) -> None:
-    """Bookie ids become etcd key segments: ``HOST:PORT`` style, no ``/``.
-
-    Raises:
-        IncorrectParameterError: empty, too long, or characters outside [A-Za-z0-9_.:[]-].
-    """
-    if not isinstance(bookie_id, str) or not _BOOKIE_ID.match(bookie_id):
-        raise IncorrectParameterError(
-            f"bookie id {bookie_id!r} must be 1-255 characters of [A-Za-z0-9_.:[]-]"
-        )
-
-
-def check_key(key: str, *, prefix: bool = False) -> None:
-    """Keys are 1-1024 bytes of ``/``-separated, non-empty segments of printable characters
-    (no spaces), whose first segment is not one of :data:`RESERVED_KEY_ROOTS`. A prefix may
-    end with ``/``.
-
-    Raises:
-        IncorrectParameterError: the key breaks these rules (the message says which).
-    """
-    if not isinstance(key, str) or not key or len(key.encode()) > KEY_BYTES_MAX:
-        raise IncorrectParameterError(f"key {key!r} must be a string of 1-{KEY_BYTES_MAX} bytes")
-    segments = key.split("/")
-    if prefix and len(segments) > 1 and segments[-1] == "":
-        segments.pop()
-    if not all(_KEY_SEGMENT.match(s) for s in segments):
-        raise IncorrectParameterError(
-            f"key {key!r}: segments must be non-empty and printable, without spaces"
-        )
-    open_root = prefix and len(segments) == 1 and not key.endswith("/")  # "led" covers ledgers/
-    if segments[0] in RESERVED_KEY_ROOTS or (
-        open_root and any(r.startswith(segments[0]) for r in RESERVED_KEY_ROOTS)
-    ):
-        raise IncorrectParameterError(
-            f"key {key!r}: {segments[0]}/ is kept by the ledger, bookie and cookie methods"
-        )
-
-
-def check_value(key: str, value: bytes, config: MetadataConfig) -> None:
-    """Raises IncorrectParameterError for a bad key, a non-bytes value or one over the limit."""
-    check_key(key)
-    if not isinstance(value, bytes | bytearray):
-        raise IncorrectParameterError(f"{key}: the value must be bytes, got {type(value)}")
-    if len(value) > config.value_bytes_max:
-        raise IncorrectParameterError(
-            f"{key}: value of {len(value)} bytes is over value_bytes_max={config.value_bytes_max}"
-        )
-
-
-def encode_ledger(metadata: LedgerMetadata, config: MetadataConfig) -> bytes:
-    """The stored JSON of ``metadata``, size-checked.
-
-    Raises:
-        IncorrectParameterError: over ``value_bytes_max`` (usually oversize custom metadata).
-    """
-    data = metadata.to_json_bytes()
-    if len(data) > config.value_bytes_max:
-        raise IncorrectParameterError(
-            f"ledger {metadata.ledger_id}: metadata is {len(data)} bytes encoded, over "
-            f"value_bytes_max={config.value_bytes_max} (custom metadata too large?)"
-        )
-    return data
-
-
-def check_cookie(bookie_id: str, data: bytes, config: MetadataConfig) -> None:
-    """Raises IncorrectParameterError for a bad bookie id or a cookie over the size limit."""
-    check_bookie_id(bookie_id)
-    if len(data) > config.value_bytes_max:
-        raise IncorrectParameterError(f"cookie of {bookie_id} is over value_bytes_max")
-
-
-def with_creator_token(
-    make: Callable[[int], LedgerMetadata], rng: random.Random
-) -> tuple[Callable[[int], LedgerMetadata], str]:
-    """``make`` with a creator token guaranteed, and that token."""
-    token = make(0).creator_token
-    if token:
-        return make, token
-    token = uuid.UUID(int=rng.getrandbits(128)).hex
-    return (lambda ledger_id: dataclasses.replace(make(ledger_id), creator_token=token)), token
-
-
-def tombstone_key(ledger_id: int) -> str:
-    """The key of a deleted ledger's tombstone (``metadata/tombstones.py``)."""
-    return f"tombstones/{ledger_id:020d}"
-
-
-def new_instance_id(rng: random.Random) -> str:
-    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
-
-
-def no_such_ledger(ledger_id: int) -> NoSuchLedgerError:
-    return NoSuchLedgerError(f"ledger {ledger_id} has no metadata")
-
-
-def offer(queue: asyncio.Queue, item: object) -> bool:
-    """Put without blocking the writer; a full queue loses its oldest item (returns False).
-
-    Watches carry states, not a log: the newest item must get through, older ones may go.
-    """
-    dropped = queue.full()
-    if dropped:
-        queue.get_nowait()
-    queue.put_nowait(item)
-    return not dropped
-
-
-def bookie_info_to_json(info: BookieInfo) -> bytes:
-    return json.dumps(info._asdict(), sort_keys=True).encode()
-
-
-def bookie_info_from_json(data: bytes) -> BookieInfo:
-    """Raises MetadataFormatError for anything but a registration's JSON."""
-    try:
-        doc = json.loads(data)
-        return BookieInfo(
-            doc["bookie_id"],
-            doc["address"],
-            doc["rack"],
-            bool(doc["read_only"]),
-            str(doc.get("incarnation", "")),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise MetadataFormatError(f"invalid bookie registration {data[:200]!r}: {exc}") from exc
-
-
-# --- URIs -------------------------------------------------------------------------------
-
-
-class MetadataUri(NamedTuple):
-    """A parsed metadata URI: ``scheme`` etcd or etcds (endpoints, root; TLS for etcds; a
-    user and password if the URI has them) or memory (root = name)."""
-
-    scheme: str
-    endpoints: tuple[str, ...]
-    root: str
-    username: str | None = None
-    password: str | None = None
-    tls_files: tuple[tuple[str, str], ...] = ()  # MetadataConfig TLS keys given in the URI
-
-    @property
-    def tls(self) -> bool:
-        return self.scheme == "etcds"
-
-
-def parse_metadata_uri(uri: str) -> MetadataUri:
-    """Parse ``etcd[s]://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/ROOT[?KEY=FILE&...]`` or
-    ``memory://[NAME]``: etcds is etcd over TLS; USER and PASSWORD are percent-encoded; the
-    KEYs are MetadataConfig's ``tls_ca_file``, ``tls_cert_file`` and ``tls_key_file`` (etcds
-    only), so that one URI carries a whole connection to every process and shell command.
-
-    Raises:
-        ConfigError: an unknown scheme or a malformed URI (the message shows the right form).
-    """
-    form = "etcd[s]://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/ROOT or memory://[NAME]"
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        raise ConfigError(f"metadata URI {_shown(uri)!r}: expected {form}")
-    if scheme == "memory":
-        return MetadataUri("memory", (), rest or "default")
-    if scheme not in ("etcd", "etcds"):
-        raise ConfigError(
-            f"metadata URI {_shown(uri)!r}: unknown scheme {scheme!r}; expected {form}"
-        )
-    rest, _, query = rest.partition("?")
-    tls_files = _tls_files(query, scheme, _shown(uri))
-    authority, _, root = rest.partition("/")
-    credentials, at, hosts = authority.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = credentials.partition(":")
-        if not user or not colon:
-            raise ConfigError(f"metadata URI {_shown(uri)!r}: expected USER:PASSWORD@ before "
-                              "the hosts")  # fmt: skip
-        username, password = unquote(user), unquote(secret)
-    uri = _shown(uri)
-    root = root.strip("/")
-    if not hosts or not _ROOT.match(root):
-        raise ConfigError(
-            f"metadata URI {uri!r}: expected {form}; ROOT is one or more /-separated "
-            f"segments of [A-Za-z0-9_.-]"
-        )
-    endpoints = tuple(hosts.split(","))
-    for endpoint in endpoints:
-        parse_address(endpoint)  # ConfigError naming the bad one
-    return MetadataUri(scheme, endpoints, "/" + root, username, password, tls_files)
-
-
-_TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
-
-
-def _tls_files(query: str, scheme: str, shown: str) -> tuple[tuple[str, str], ...]:
-    if not query:
-        return ()
-    try:
-        pairs = parse_qsl(query, strict_parsing=True)
-    except ValueError as exc:
-        raise ConfigError(f"metadata URI {shown!r}: bad query: {exc}") from exc
-    keys = [k for k, _ in pairs]
-    bad = sorted(set(keys) - set(_TLS_KEYS)) or sorted({k for k in keys if keys.count(k) > 1})
-    if bad or scheme != "etcds":
-        keys_text = ", ".join(_TLS_KEYS)
-        raise ConfigError(
-            f"metadata URI {shown!r}: the query may only give {keys_text}, once each, "
-            f"to etcds:// (not {bad})"
-        )
-    return tuple(pairs)
-
-
-def _shown(uri: str) -> str:
-    """The URI with its password hidden (for messages and logs), even a malformed one."""
-    scheme, sep, rest = uri.partition("://")
-    credentials, at, tail = rest.rpartition("@")
-    if not at:
-        return uri
-    return f"{scheme}{sep}{credentials.partition(':')[0]}:***@{tail}"
-
-
-@contextlib.asynccontextmanager
-async def open_metadata_store(
-    uri: str, config: MetadataConfig | None = None, *, rng: random.Random | None = None
-) -> AsyncIterator[MetadataStore]:
-    """Open the store a URI names; close it on exit. ``rng`` draws ledger ids and jitter.
-
-    Raises:
-        ConfigError: an unknown scheme or a malformed URI.
-        MetadataUnavailableError: etcd cannot be reached (the message names the endpoints).
-    """
-    config = config or MetadataConfig()
-    parsed = parse_metadata_uri(uri)
-    if parsed.tls_files:
-        config = config.replace(**dict(parsed.tls_files))
-    store: MetadataStore
-    if parsed.scheme == "memory":
-        from .memory import MemoryMetadataStore
-
-        store = MemoryMetadataStore.named(parsed.root, config, rng=rng)
-    else:
-        from .etcd import EtcdMetadataStore
-
-        if (config.tls_ca_file or config.tls_cert_file) and not parsed.tls:
-            raise ConfigError("MetadataConfig has TLS files but the URI is etcd://: use etcds://")
-        store = await EtcdMetadataStore.connect(
-            parsed.endpoints, parsed.root, config, rng=rng, tls=parsed.tls,
-            username=parsed.username, password=parsed.password,
-        )  # fmt: skip
-    try:
-        yield store
-    finally:
-        await store.close()

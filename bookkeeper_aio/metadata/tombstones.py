@@ -32,7 +32,8 @@ from typing import Any
 
 from ..errors import IncorrectParameterError, MetadataFormatError, MetadataVersionError
 from .model import Versioned
-from .store import MetadataStore, tombstone_key, update_key
+from .store import MetadataStore, update_key
+from .store_shared import tombstone_key
 
 TOMBSTONES_PREFIX = "tombstones/"
 CLUSTER_CONFIG_KEY = "cluster/config"
