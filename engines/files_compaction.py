@@ -39,6 +39,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .files_log import (
+    DELETE_LEDGER,
+    ENTRY,
+    HEAD,
+    HEADER_BYTES,
+    LEDGER_INFO,
+    MAGIC,
+    OFFSET_BITS,
+    SUM,
+    LogCorruptError,
+    _fsync_dir,
+    _parse,
+)
+
 if TYPE_CHECKING:
     from .files import FilesEngine
 
@@ -60,8 +74,6 @@ def reclaim(engine: FilesEngine, live_ratio_min: float, step: Callable[[str], No
     """Compact the logs below ``live_ratio_min`` (module docstring); the bytes freed (those
     of the logs dropped less those copied forward).
     ``step(name)`` is called between steps (tests crash there). Caller holds ``_sync_lock``."""
-    from .files import OFFSET_BITS
-
     with engine._lock:
         engine._check_usable()
         for fd in engine._retired_fds:  # dropped a pass ago: no read can still hold them
@@ -105,8 +117,6 @@ def reclaim(engine: FilesEngine, live_ratio_min: float, step: Callable[[str], No
         engine._summaries.pop(log_id, None)
         freed += sizes[log_id]
         step(f"log {log_id} dropped")
-    from .files import _fsync_dir
-
     _fsync_dir(engine.directory)
     freed = max(0, freed - (engine._compaction["bytes_copied"] - copied_before))
     engine._compaction["logs_compacted"] += len(dropped)
@@ -118,8 +128,6 @@ def reclaim(engine: FilesEngine, live_ratio_min: float, step: Callable[[str], No
 def _live_bytes(engine: FilesEngine, offset_bits: int) -> dict[int, int]:
     """Bytes per log the index points to (records with headers). Outside the lock: an
     estimate that only chooses candidates; the copy checks every slot under the lock."""
-    from .files import HEADER_BYTES
-
     with engine._lock:
         ledgers = list(engine._ledgers.values())
     live: dict[int, int] = {}
@@ -144,8 +152,6 @@ def _live_bytes(engine: FilesEngine, offset_bits: int) -> dict[int, int]:
 
 def summary(engine: FilesEngine, log_id: int) -> LogSummary:
     """The log's summary, read from its headers once and kept."""
-    from .files import DELETE_LEDGER, ENTRY, HEAD, HEADER_BYTES, LEDGER_INFO, MAGIC
-
     found = engine._summaries.get(log_id)
     if found is not None:
         return found
@@ -182,8 +188,6 @@ def _blocked(engine: FilesEngine, log_id: int, older: list[int]) -> bool:
 
 def _copy_live(engine: FilesEngine, log_id: int, offset_bits: int, step: Callable) -> None:
     """Append the log's live records to the current log and move their slots there."""
-    from .files import ENTRY, HEADER_BYTES, LEDGER_INFO, LogCorruptError, _parse
-
     with engine._lock:
         fd = engine._read_fd(log_id)
     size = os.fstat(fd).st_size
@@ -228,8 +232,6 @@ def _points_at(
 def _move(
     engine: FilesEngine, log_id: int, batch: list[tuple[int, int, int, bytes]], bits: int
 ) -> None:
-    from .files import HEADER_BYTES, SUM
-
     with engine._lock:
         for ledger_id, entry_id, pos, raw in batch:
             ledger = engine._ledgers.get(ledger_id)

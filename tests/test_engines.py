@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import engines
 from bookkeeper_aio.engine import Engine, LedgerInfo
 from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
-from engines import copy_files, files, files_compaction
+from engines import copy_files, files_compaction, files_index, files_log
 from engines.files import FilesEngine, LogCorruptError
 from engines.memory import MemoryDisk, MemoryEngine
 from engines.rocksdb import (
@@ -1208,15 +1208,15 @@ def test_files_starts_writing_each_buffer_to_the_disk_at_once(
 ) -> None:
     # Else a checkpoint's fdatasync wrote its whole interval at once, and the journal's
     # fdatasyncs on the same disk waited behind it (open-loop p99 229 against 30 ms).
-    assert files._SYNC_FILE_RANGE is not None  # Linux: libc has it
-    real = files._SYNC_FILE_RANGE
+    assert files_log._SYNC_FILE_RANGE is not None  # Linux: libc has it
+    real = files_log._SYNC_FILE_RANGE
     started: list[tuple[int, int, int, int]] = []
 
     def record(fd: int, offset: int, length: int, flags: int) -> int:
         started.append((fd, offset, length, flags))
         return real(fd, offset, length, flags)  # the real call, on the real log
 
-    monkeypatch.setattr(files, "_SYNC_FILE_RANGE", record)
+    monkeypatch.setattr(files_log, "_SYNC_FILE_RANGE", record)
     e = FilesEngine(str(tmp_path), write_buffer_bytes_max=64 << 10)
     for entry_id in range(100):  # ~400 KiB of records: six buffers written before any sync
         e.put_entry(1, entry_id, os.urandom(4096))
@@ -1268,13 +1268,11 @@ def test_files_snapshot_is_serialized_outside_the_lock_and_stays_exact(
     # Defect 12: the whole index was serialized under the lock every put needs. Now a put may
     # run while a snapshot is written; it copies the chunk it changes, so the snapshot still
     # describes exactly the log prefix it names.
-    import engines.files as files
-
     e = FilesEngine(str(tmp_path), snapshot_interval_bytes=1)
     for entry_id in range(3000):  # three chunks
         e.put_entry(1, entry_id, b"v0")
     locked: list[bool] = []
-    real = files._le_bytes
+    real = files_index._le_bytes
 
     def serialize_chunk(slots):
         locked.append(e._lock.locked())
@@ -1282,7 +1280,7 @@ def test_files_snapshot_is_serialized_outside_the_lock_and_stays_exact(
             e.put_entry(1, 5, b"after the capture")  # a shared chunk: copied, not changed
         return real(slots)
 
-    monkeypatch.setattr(files, "_le_bytes", serialize_chunk)
+    monkeypatch.setattr(files_index, "_le_bytes", serialize_chunk)
     e.sync()
     monkeypatch.undo()
     assert locked and not any(locked)

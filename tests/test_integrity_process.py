@@ -43,7 +43,7 @@ from bookkeeper_aio.sandbox import BookieProcess, wait_registered
 pytestmark = pytest.mark.process
 
 PASSWORD = b"rot"
-ENTRY_HEAD = struct.Struct("<IB3xIQQ")  # engines/files.py: magic, type, length, ledger, entry
+ENTRY_HEAD = struct.Struct("<IB3xIQQ")  # engines/files_log.py: magic, type, length, ledger, entry
 MAGIC, ENTRY = 0x31414B42, 1
 FILES_HEADER_BYTES = 36
 

@@ -228,7 +228,7 @@ def test_race_seeds_catch_the_recovery_bugs_often_in_a_fixed_sample(
 
 
 def test_journal_errors_stop_bookies_and_lose_nothing() -> None:
-    """Seeds with journal write errors (sim/workload.maybe_journal_errors; the first six):
+    """Seeds with journal write errors (sim/workload_scenario.maybe_journal_errors; the first six):
     bookies fail-stop on them, come back at the heal, and every invariant holds."""
     seeds = [s for s in range(200) if scenario_of(s)[1].disk.journal_error_rate][:6]
     assert len(seeds) == 6, seeds
@@ -244,7 +244,7 @@ def test_journal_errors_stop_bookies_and_lose_nothing() -> None:
 
 
 def test_shared_client_seeds_journal_multi_adds_as_one_record_and_replay_it(monkeypatch) -> None:
-    """Shared-client seeds (sim/workload.maybe_share_client): the writers' adds travel as
+    """Shared-client seeds (sim/workload_scenario.maybe_share_client): the writers' adds travel as
     MultiAddRequests, which the bookies journal as one REC_LEDGERS_ENTRIES record; crashed
     bookies replay those records and every invariant holds. With that replay broken, the
     checkers see acknowledged entries missing in these two seeds."""
