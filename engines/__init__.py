@@ -31,7 +31,7 @@ def open_engine(
     crash, so an engine may skip its own (rocksdb: no WAL; ``sync()`` still makes everything
     durable). ``direct_io``: write around the page cache where the dir's file system allows it
     (rocksdb: flushes and compactions; see bookkeeper_aio/direct_io.py). ``blob_files``:
-    rocksdb keeps payloads in blob files (engines/rocksdb.py); the other engines ignore it.
+    rocksdb keeps payloads in blob files (engines/rocksdb_options.py); the other engines ignore it.
     ``write_behind_bytes``: rocksdb, journaled only: puts gather in one write batch up to this
     many bytes before they reach the DB (reads write it first); the other engines ignore it.
     ``write_rate_bytes_per_s``: rocksdb: its flushes and compactions write at most this fast

@@ -2,15 +2,11 @@
 
 Theory of operation
 -------------------
-One RocksDB in raw mode (bytes keys, bytewise order), in column families:
-
-* ledger infos (``infos``, ``INFOS_CF``): ``b"L" + >Q(ledger_id)`` -> ``LedgerInfo.to_bytes()``;
-* batches (the default family; ``copies``, ``COPIES_CF``, for recovery adds): ``b"b" +
-  >QQQ(ledger_id, first_entry_id, last_entry_id)`` -> the entries of one ``put_entries`` call
-  packed as an add batch carries them (per entry ``protocol.PACKED_ENTRY_PREFIX`` — id, record
-  length — then the record; ids ascending);
-* entries (``singles``, ``SINGLES_CF``): ``b"e" + >QQ(ledger_id, entry_id)`` -> the record;
-* every batch key again (``batches``, ``BATCHES_CF``), its entry count as value (below).
+One RocksDB in raw mode, in column families: the ledger infos (``infos``), batches of entries
+(the default family, and ``copies`` for recovery adds), entries under keys of their own
+(``singles``) and every batch key again (``batches``). Their keys and values, and the seeks
+that read them back, are in engines/rocksdb_keys.py; opening the DB and the options of its
+families (memtables, level 0, paced writes, blob files) in engines/rocksdb_options.py.
 
 Why batches: a key costs the event loop ~0.8 µs of RocksDB work (the ``WriteBatch.put`` call and
 the memtable's skiplist insert) whatever its value's size, and a bookie takes up to ~256 entries
@@ -80,10 +76,8 @@ at ``sync()``, they skip the memtables and the flushes' pacing (engines/copy_fil
 index entries in ``batches`` are written only once their file is ingested, and reads or
 listings of a ledger with files not ingested yet ingest them first.
 
-Big-endian ids make byte order numeric order, so a ledger's batches and its entries are each one
-contiguous key range (``seek`` walks it, ``seek_for_prev`` finds its last, ``delete_range``
-drops it). A write batch spanning the families is still atomic; one WAL serves them all, and
-without it ``sync()`` flushes each family's memtable.
+A write batch spanning the families is still atomic; one WAL serves them all, and without
+it ``sync()`` flushes each family's memtable.
 
 Writes (``sync=False``) go into one staged ``WriteBatch``. With the WAL (``wal=True``) it
 reaches the DB at the end of each call. Without it (below) it may gather several calls, up to
@@ -117,21 +111,14 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar, cast
 
 from rocksdict import (
-    BlockBasedOptions,
-    BottommostLevelCompaction,
     ColumnFamily,
-    CompactOptions,
-    DBCompressionType,
-    DBRecoveryMode,
     IngestExternalFileOptions,
-    Options,
     Rdict,
     RdictIter,
     ReadOptions,
@@ -139,52 +126,51 @@ from rocksdict import (
     WriteOptions,
 )
 
-from bookkeeper_aio.direct_io import supports_direct_io
 from bookkeeper_aio.engine import LedgerInfo, Record
 from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
 
 from .copy_files import DIR_NAME as COPY_DIR_NAME
 from .copy_files import CopyFile, CopyFiles, sync_data
+from .rocksdb_keys import (
+    _BATCH_KEY,
+    _BATCHES_MARKER,
+    _COUNT,
+    _ENTRY_KEY,
+    _ID,
+    _ID_MAX,
+    _IN_COPIES,
+    _LEDGER_KEY,
+    BATCHES_CF,
+    COPIES_CF,
+    INFOS_CF,
+    SINGLES_CF,
+    _ascending_above,
+    _Batch,
+    _db_batch,
+    _db_batch_ids,
+    _db_ids,
+    _db_last,
+    _skip_scan,
+    entry_key,
+    info_key,
+)
+from .rocksdb_options import _IMMUTABLE_PAUSE, BLOB_BYTES_MIN, _collect_copies, _open_db
 
-_ENTRY_KEY = struct.Struct(">cQQ")
-_BATCH_KEY = struct.Struct(">cQQQ")
-_RANGE = struct.Struct(">QQ")  # a batch key's first and last entry ids, after the prefix
-_COUNT = struct.Struct(">I")  # in BATCHES_CF: how many entries the batch holds
-_IN_COPIES = b"r"  # after the count in BATCHES_CF: the batch's value is in COPIES_CF
-_IN_COPIES_SIZE = _COUNT.size + len(_IN_COPIES)  # (a count alone may end in b"r": 114)
+__all__ = [
+    "BATCHES_CF",
+    "BLOB_BYTES_MIN",
+    "COPIES_CF",
+    "INFOS_CF",
+    "SINGLES_CF",
+    "RocksDBEngine",
+    "entry_key",
+    "info_key",
+]
+
 _PARSED_COUNT_MAX = 16  # batches kept parsed for reads (each read looks through them)
 _RECENT_MAX = 65_536  # batches known to be in a memtable (tiny entries: a few MiB of them)
-_LEDGER_KEY = struct.Struct(">cQ")
-_ID = struct.Struct(">Q")
-_ID_MAX = 2**64 - 1
 _T = TypeVar("_T")
-BLOB_BYTES_MIN = 256  # with blob files: records this long or longer go to them (header: 24)
-# Memtables per family (the active one and those waiting for their flush). RocksDB slows writes
-# down once MEMTABLES_MAX - 1 wait, and the bookie stops reading requests at _IMMUTABLE_PAUSE
-# (write_pressure): the requests read before that lands have two memtables of room.
-_MEMTABLES_MAX = 6
-_IMMUTABLE_PAUSE = 3
-_L0_FILES_COMPACTED = 16  # level-0 SSTs that start a compaction (_level0)
-_L0_FILES_SLOWDOWN = 40
-_L0_FILES_STOP = 64
-_RATE_REFILL_US = 2000  # the rate limiter's period: a burst is 2 ms of the rate (_pace_writes)
-_BLOB_GC_AGE_CUTOFF = 0.25  # COPIES_CF: RocksDB's default, the oldest quarter's payloads move
-
-
-def entry_key(ledger_id: int, entry_id: int) -> bytes:
-    return _ENTRY_KEY.pack(b"e", ledger_id, entry_id)
-
-
-INFOS_CF = "infos"  # the column family of the ledger infos
-BATCHES_CF = "batches"  # every batch key again, its entry count as value (module docstring)
-COPIES_CF = "copies"  # the batches of recovery adds, with blob files (module docstring)
-SINGLES_CF = "singles"  # entry keys (module docstring, "Why entry keys apart")
 _MOVE_BYTES = 64 << 20  # entry keys moved to SINGLES_CF per write, opening an older dir
-_BATCHES_MARKER = b"v1"  # in BATCHES_CF: it holds every batch key (sorts after b"b...")
-
-
-def info_key(ledger_id: int) -> bytes:
-    return _LEDGER_KEY.pack(b"L", ledger_id)
 
 
 class RocksDBEngine:
@@ -793,283 +779,3 @@ def _stored_bytes(*families: Rdict) -> int:
         for name in ("rocksdb.total-sst-files-size", "rocksdb.total-blob-file-size"):
             total += family.property_int_value(name) or 0
     return total
-
-
-def _open_db(
-    directory: str, memtable_bytes: int, direct_io: bool, blob_files: bool, write_rate: int
-) -> Rdict:
-    opts = Options(raw_mode=True)  # bytes keys in bytewise order; no pickling
-    opts.create_if_missing(True)
-    # Small memtables (RocksDB's default is 64 MiB): each flush writes and fsyncs its SST while
-    # the journal fdatasyncs on the same disk, and a 64 MiB flush stalled journal syncs for
-    # 20-50 ms (open-loop p99 ~110 ms at 30k adds/s; with 8 MiB ~40-50 ms, throughput the same).
-    # Several of them, so a slow flush does not stop writes: RocksDB's slowdown sleeps in the
-    # writing thread, the bookie's event loop. Before it, the bookie stops reading requests
-    # (write_pressure). With 4 (until 2026-11-27) a bookie filled with 256 KiB entries on a
-    # busy disk slowed down for seconds: its clients' requests timed out, its lease lapsed.
-    opts.set_write_buffer_size(memtable_bytes)
-    opts.set_max_write_buffer_number(_MEMTABLES_MAX)
-    # No block compression (RocksDB's default is Snappy): entries are the client's bytes,
-    # which a client that wants it compresses itself (Pulsar compresses its batches), and
-    # Snappy on incompressible entries cost ~0.4 µs per 1 KiB entry for nothing (benchmarks
-    # writes with distinct random payloads: 47.7k -> 49.5k entries/s, 3 alternated runs).
-    opts.set_compression_type(DBCompressionType.none())
-    # Flushes and compactions write their SSTs with O_DIRECT: new page-cache pages cost ~1.8 µs
-    # of kernel time per KiB on the benchmarks' VM (bookkeeper_aio/direct_io.py), and these
-    # writes are never read back through the page cache soon (recent entries are in the
-    # memtables). `benchmarks writes`: each bookie 8.1 -> 6.0-6.5 µs per entry.
-    if direct_io and supports_direct_io(directory):
-        opts.set_use_direct_io_for_flush_and_compaction(True)
-    opts.set_wal_recovery_mode(DBRecoveryMode.point_in_time())  # the default; we rely on it
-    _level0(opts)
-    if write_rate > 0:
-        _pace_writes(opts, write_rate)
-    if blob_files:
-        # Entry records of BLOB_BYTES_MIN or more go to blob files at flush; SSTs keep keys and
-        # blob references. With many ledgers written at once every flushed SST spans them all,
-        # so compactions never stop, and they now rewrite ~30 bytes per entry instead of the
-        # entry: 100 ledgers 21-23k -> 28-29k entries/s, the compaction thread 16 -> 5 % of a
-        # core. One ledger loses 4-8 % (its SSTs are only moved, never compacted; writing
-        # blob files costs the flush more). No blob GC: it rewrote live payloads at every
-        # compaction (the gain fell to 3 %); a blob file goes once all its entries are deleted.
-        opts.set_enable_blob_files(True)
-        opts.set_min_blob_size(BLOB_BYTES_MIN)
-    # A Bloom filter: a point lookup of an absent entry key skips the data blocks (which may
-    # hold a neighbour's megabytes).
-    table = BlockBasedOptions()
-    table.set_bloom_filter(10, False)
-    opts.set_block_based_table_factory(table)
-    # Ledger infos and batch keys in column families of their own (INFOS_CF, BATCHES_CF).
-    opts.create_missing_column_families(True)
-    infos = Options(raw_mode=True)
-    infos.set_write_buffer_size(1 << 20)  # infos are a few dozen bytes each
-    batches = Options(raw_mode=True)
-    batches.set_write_buffer_size(1 << 20)  # 25 bytes per batch
-    singles = _payload_options(memtable_bytes)
-    singles.set_block_based_table_factory(table)  # the Bloom filter: absent entry keys
-    families = {
-        INFOS_CF: infos,
-        BATCHES_CF: batches,
-        COPIES_CF: _copies_options(memtable_bytes),
-        SINGLES_CF: singles,
-    }
-    try:
-        return Rdict(directory, opts, column_families=families)
-    except Exception as e:  # rocksdict raises a bare Exception("IO error: ... lock ...")
-        if "lock" in str(e).lower():
-            raise OSError(
-                errno.EBUSY, f"ledger dir {directory} is in use by another process ({e})"
-            ) from e
-        raise
-
-
-def _collect_copies(copies: Rdict, live_ratio_min: float) -> None:
-    """When less than ``live_ratio_min`` of COPIES_CF's blob bytes is live, compact all of it
-    with every blob file open to garbage collection: the live payloads move to new blob files
-    and the old ones go (BookKeeper's major compaction of entry logs, over the whole family:
-    RocksDB gives no figures per blob file). A blob file holds the copies of the few ledgers
-    copied at the same time, so those of a deleted ledger wait here for the others' deletion,
-    or for the oldest quarter's collection when later copies compact."""
-    total = copies.property_int_value("rocksdb.total-blob-file-size") or 0
-    garbage = copies.property_int_value("rocksdb.live-blob-file-garbage-size") or 0
-    if not total or (total - garbage) / total >= live_ratio_min:
-        return
-    options = CompactOptions()
-    # The last level too: files already there are otherwise skipped, and so are their blobs.
-    options.set_bottommost_level_compaction(BottommostLevelCompaction.force())
-    options.set_exclusive_manual_compaction(False)  # the copies' own compactions go on
-    copies.set_options({"blob_garbage_collection_age_cutoff": "1.0"})
-    try:
-        copies.compact_range(None, None, options)
-    finally:
-        copies.set_options({"blob_garbage_collection_age_cutoff": str(_BLOB_GC_AGE_CUTOFF)})
-
-
-def _level0(options: Options) -> None:
-    """Let level 0 hold ``_L0_FILES_COMPACTED`` flushed SSTs before compacting them into level 1
-    (RocksDB's default: 4). With many ledgers written at once every flushed SST spans all of
-    them and so overlaps all of level 1: each level-0 compaction rewrites level 1 whole, and
-    merging 16 flushes at a time instead of 4 rewrites it a quarter as often (one ledger's SSTs
-    do not overlap and are only moved down either way). `benchmarks writes --ledgers 100`,
-    alternated, 30 s: 6.8k / 6.0k -> 11.3k / 9.3k entries/s, the bookies' CPU 79 -> 63 µs per
-    entry; 8 s: 8.8k / 9.5k -> 12.6k / 13.4k; one ledger unchanged (docs/engines.md). The
-    slowdown and stop triggers move up with it (RocksDB's 20 and 36 would slow writes, by
-    sleeping in the bookie's event loop, before a compaction of 16 could catch up)."""
-    options.set_level_zero_file_num_compaction_trigger(_L0_FILES_COMPACTED)
-    options.set_level_zero_slowdown_writes_trigger(_L0_FILES_SLOWDOWN)
-    options.set_level_zero_stop_writes_trigger(_L0_FILES_STOP)
-
-
-def _pace_writes(options: Options, rate: int) -> None:
-    """Flushes and compactions write at most ``rate`` bytes a second, in bursts of what
-    ``_RATE_REFILL_US`` holds (flushes first: RocksDB's rate limiter), so that the journal's
-    fdatasyncs, on the same disk, do not wait behind them. On the benchmarks' VM an fdatasync
-    waits for every write the disk holds: a flush written at full speed (8 MiB in 1 MiB
-    writes) made a journal loop's records beside it wait 30-60 ms for their sync at p99 (a
-    standalone script; 1 ms without), the same bytes spread at 64 MiB/s 3 ms. At 64 MiB/s,
-    alternated: `benchmarks breakdown --rate 8000` p99 72-112 -> 16-85 ms, one ledger's peak
-    `writes` +15 %, 100 ledgers' -7-12 % (their compactions share the limit; none with blob
-    files). 32 MiB/s capped one ledger at 29k entries/s, the flushes' own rate. RocksDB's
-    auto-tuned limiter adapts too slowly (+5 % per 100 refills): peak writes fell to 19k
-    (docs/performance.md, "The engine's writes, paced").
-
-    The burst matters as much as the rate: a flush's write is one burst (RocksDB cuts its
-    writes to what the limiter grants), and the fdatasync after it waits for it. At 10,000
-    adds/s (one ledger, `breakdown`, alternated, 2026-11-28) the slowest 1 % of adds spent
-    18-27 ms in their fdatasync with 4 ms bursts (256 KiB), 11-12 ms with 2 ms, 7-12 ms with
-    1 ms; the adds' p99 was 70-123, 43-50 and 30-46 ms. A higher rate undoes it (1 ms bursts
-    at 96 and 128 MiB/s: p99 43-59 and 61-70 ms). Shorter periods lose rate under load: a
-    flush alone wrote 51 MiB/s at 4 ms, 46 at 1 ms, 42 at 0.5; beside the bookies' busy loops
-    one at 1 ms fell behind `writes --outstanding 1000`'s ~25 MB/s per bookie and paused the
-    bookies' reads 18 times (3.2 s in all), our reading being that a refill that wakes late
-    still adds one period's bytes. 2 ms paused them never (one ledger 5 s, 100 ledgers 5 and
-    20 s); the bookies' CPU per entry +0-3 µs."""
-    options.set_ratelimiter(rate, _RATE_REFILL_US, 10)  # 10: RocksDB's default fairness
-
-
-def _payload_options(memtable_bytes: int) -> Options:
-    """A family of entry payloads: the entries' family's memtables and level 0, no
-    compression (``_open_db``)."""
-    options = Options(raw_mode=True)
-    options.set_write_buffer_size(memtable_bytes)
-    options.set_max_write_buffer_number(_MEMTABLES_MAX)
-    options.set_compression_type(DBCompressionType.none())
-    _level0(options)
-    return options
-
-
-def _copies_options(memtable_bytes: int) -> Options:
-    """COPIES_CF's options: payloads in blob files, with blob garbage collection (module
-    docstring, "Why copies apart")."""
-    copies = _payload_options(memtable_bytes)
-    copies.set_enable_blob_files(True)
-    copies.set_min_blob_size(BLOB_BYTES_MIN)
-    copies.set_enable_blob_gc(True)
-    copies.set_blob_gc_age_cutoff(_BLOB_GC_AGE_CUTOFF)
-    copies.set_blob_gc_force_threshold(0.5)  # ... and compacted for once half of it is garbage
-    return copies
-
-
-class _Batch:
-    """A batch value as read, and where each of its records lies (found on first use)."""
-
-    __slots__ = ("last", "spans", "value")
-
-    def __init__(self, last: int, value: bytes) -> None:
-        self.last, self.value = last, value
-        self.spans: dict[int, tuple[int, int]] | None = None
-
-    def record(self, entry_id: int) -> bytes | None:
-        if self.spans is None:
-            self.spans = dict(_spans(self.value))
-        span = self.spans.get(entry_id)
-        return self.value[span[0] : span[1]] if span is not None else None
-
-
-def _spans(value: bytes) -> Iterator[tuple[int, tuple[int, int]]]:
-    """(entry id, (start, end) of its record) of a batch value, in order."""
-    unpack, size, pos, end = (
-        PACKED_ENTRY_PREFIX.unpack_from,
-        PACKED_ENTRY_PREFIX.size,
-        0,
-        len(value),
-    )
-    while pos < end:
-        entry_id, length = unpack(value, pos)
-        pos += size
-        yield entry_id, (pos, pos + length)
-        pos += length
-
-
-def _ascending_above(entries: list[tuple[int, Record]], last: int) -> bool:
-    """Whether the entry ids ascend strictly, all above ``last``."""
-    for entry_id, _ in entries:
-        if entry_id <= last:
-            return False
-        last = entry_id
-    return True
-
-
-def _db_batch(it: RdictIter, ledger_id: int, entry_id: int) -> tuple[int, int, bool] | None:
-    """(first, last id, whether in COPIES_CF) of the ledger's batch whose id range covers
-    ``entry_id``, if any, from an iterator of ``BATCHES_CF``: batches never overlap, so it is
-    the one with the greatest first id <= ``entry_id``."""
-    it.seek_for_prev(_BATCH_KEY.pack(b"b", ledger_id, entry_id, _ID_MAX))
-    if it.valid():
-        key = it.key()
-        if key[:9] == _LEDGER_KEY.pack(b"b", ledger_id):
-            first, last = _RANGE.unpack_from(key, 9)
-            if entry_id <= last:
-                return first, last, len(it.value()) == _IN_COPIES_SIZE
-    return None
-
-
-def _db_last(it: RdictIter, ledger_id: int, space: bytes) -> int:
-    """The ledger's last entry id under entry keys (``b"e"``, the entries' iterator) or batch
-    keys (``b"b"``, an iterator of ``BATCHES_CF``); -1 if none."""
-    if space == b"e":
-        it.seek_for_prev(entry_key(ledger_id, _ID_MAX))
-        if it.valid() and it.key()[:9] == _LEDGER_KEY.pack(b"e", ledger_id):
-            return int(_ID.unpack_from(it.key(), 9)[0])
-        return -1
-    it.seek_for_prev(_BATCH_KEY.pack(b"b", ledger_id, _ID_MAX, _ID_MAX))
-    if it.valid() and it.key()[:9] == _LEDGER_KEY.pack(b"b", ledger_id):
-        return int(_RANGE.unpack_from(it.key(), 9)[1])
-    return -1
-
-
-def _skip_scan(it: RdictIter, space: bytes, found: set[int]) -> None:
-    """Add every ledger with keys in ``space`` to ``found`` (one seek per ledger)."""
-    it.seek(space)
-    while it.valid() and it.key()[:1] == space:
-        ledger_id = _ID.unpack_from(it.key(), 1)[0]
-        found.add(ledger_id)
-        if ledger_id == _ID_MAX:
-            break
-        it.seek(_LEDGER_KEY.pack(space, ledger_id + 1))
-
-
-def _db_batch_ids(
-    it: RdictIter, dbs: tuple[Rdict, Rdict], ledger_id: int, start: int, max_count: int
-) -> list[int]:
-    """Up to ``max_count`` ids >= ``start`` held in the ledger's batches, ascending, from an
-    iterator of ``BATCHES_CF``. A batch whose count there says it holds every id of its range
-    is listed from its key; only the others (a striped ensemble's, or from a dir written before
-    the counts) have their value read (from the entries' family or ``COPIES_CF``, ``dbs``; a
-    256 KiB entry's batch is megabytes: reading every value took a third of a bookie's CPU
-    while autorecovery checked ledgers)."""
-    prefix = _LEDGER_KEY.pack(b"b", ledger_id)
-    it.seek_for_prev(_BATCH_KEY.pack(b"b", ledger_id, start, _ID_MAX))
-    if not (it.valid() and it.key()[:9] == prefix):
-        it.seek(prefix)
-    ids: list[int] = []
-    while len(ids) < max_count and it.valid():
-        key = it.key()
-        if key[:9] != prefix:
-            break
-        first, last = _RANGE.unpack_from(key, 9)
-        count = it.value()
-        if last >= start:
-            if len(count) >= _COUNT.size and _COUNT.unpack_from(count)[0] == last - first + 1:
-                low = max(first, start)
-                ids += range(low, min(last, low + max_count - len(ids) - 1) + 1)
-            else:
-                value = dbs[len(count) == _IN_COPIES_SIZE].get(key)
-                if value is not None:
-                    ids += (entry_id for entry_id, _ in _spans(value) if entry_id >= start)
-        it.next()
-    return ids[:max_count]
-
-
-def _db_ids(it: RdictIter, ledger_id: int, start: int, max_count: int) -> list[int]:
-    # Not ReadOptions.set_iterate_lower_bound: in rocksdict 0.3.29 it sets the upper bound.
-    prefix = _LEDGER_KEY.pack(b"e", ledger_id)
-    ids: list[int] = []
-    it.seek(entry_key(ledger_id, start))
-    while len(ids) < max_count and it.valid():
-        key = it.key()
-        if key[:9] != prefix:
-            break
-        ids.append(_ID.unpack_from(key, 9)[0])
-        it.next()
-    return ids
