@@ -54,7 +54,6 @@ from bookkeeper_aio.protocol import (
     WriteLacResponse,
     WriteLafrRequest,
     WriteLafrResponse,
-    _build,
     as_part,
     check_add_entries,
     decode_all,
@@ -68,6 +67,7 @@ from bookkeeper_aio.protocol import (
     request_limits,
     unpack_read_entries,
 )
+from bookkeeper_aio.protocol.validation import _build
 
 i64 = st.integers(-(2**63), 2**63 - 1)
 u64 = st.integers(0, 2**64 - 1)
