@@ -33,8 +33,10 @@ def test_open_loop_sends_everything_due_per_tick_instead_of_spinning(monkeypatch
         assert len(result.latencies_s) == 10_000
 
     uvloop.run(run())
-    # ~200 one-millisecond ticks in 0.2 s (fewer when a tick oversleeps); one per add was 10k.
-    assert 20 <= len(sleeps) <= 400, len(sleeps)
+    # ~200 one-millisecond ticks in 0.2 s, fewer when ticks oversleep: on a loaded machine
+    # three ticks took the whole 0.2 s (and the first one sent what was due); one per add was
+    # 10k. What is checked is the upper bound: the loop sleeps a tick, never once per add.
+    assert 1 <= len(sleeps) <= 400, len(sleeps)
     assert min(sleeps) >= 0.001
 
 
