@@ -522,7 +522,7 @@ class RocksDBEngine:
     def write_pressure(self) -> bool:
         """Whether a family has ``_IMMUTABLE_PAUSE`` memtables waiting for their flush: past
         ``_MEMTABLES_MAX - 1`` RocksDB slows every write down (to 16 MB/s) by sleeping in the
-        writing thread, the bookie's event loop (``_open_db``)."""
+        writing thread, the bookie's event loop (``_open_db``, engines/rocksdb_options.py)."""
         with self._lock:
             families = (self._db, self._copies_db, self._singles_db)
             return any(
