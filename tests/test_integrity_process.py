@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from bookkeeper_aio import BookKeeper
-from bookkeeper_aio.client.bookie_client import BookiePool
+from bookkeeper_aio.client.bookie_pool import BookiePool
 from bookkeeper_aio.client.context import ClientContext
 from bookkeeper_aio.client.placement import PlacementPolicy
 from bookkeeper_aio.client.reads import read_copy, request

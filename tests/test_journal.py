@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bookkeeper_aio.bookie import journal as journal_mod
+from bookkeeper_aio.bookie import journal_files
 from bookkeeper_aio.bookie.journal import REC_ENTRIES, REC_ENTRY, REC_FENCE, Journal
 from bookkeeper_aio.bookie.journal_format import (
     FILE_HEADER,
@@ -198,7 +198,7 @@ async def test_write_failure_is_fail_stop(tmp_path, monkeypatch):
     def broken(fd):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(journal_mod.os, "fdatasync", broken)
+    monkeypatch.setattr(journal_files.os, "fdatasync", broken)
     results = await append_all(j, [(REC_ENTRY, b"a"), (REC_ENTRY, b"b")])
     assert all(isinstance(r, JournalFailedError) for r in results)
     assert len(failures) == 1 and j.failed is not None

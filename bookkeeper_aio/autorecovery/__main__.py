@@ -21,7 +21,7 @@ import time
 
 import uvloop
 
-from ..client.bookie_client import BookiePool
+from ..client.bookie_pool import BookiePool
 from ..client.context import ClientContext
 from ..client.placement import PlacementPolicy
 from ..config import AutorecoveryConfig, ClientConfig, MetadataConfig, set_options

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ..client.bookie_client import BookiePool
+from ..client.bookie_pool import BookiePool
 from ..client.context import ClientContext
 from ..client.placement import PlacementPolicy
 from ..config import AutorecoverySettings, ClientConfig

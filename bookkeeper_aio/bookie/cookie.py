@@ -36,7 +36,7 @@ from pathlib import Path
 from ..config import BookieConfig
 from ..errors import BookKeeperError, MetadataVersionError
 from ..metadata.store import MetadataStore
-from .journal import fsync_dir
+from .journal_files import fsync_dir
 
 COOKIE_FILE = "COOKIE"
 FIX_REQUESTED = "fix_requested"  # set in the store cookie by `shell cookie-fix`

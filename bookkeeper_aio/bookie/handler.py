@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 :meth:`RequestHandler.handle` takes a decoded request and a ``reply`` callable and calls
 ``reply`` exactly once, now or later. Nothing here touches sockets; the connection
-(``server.py``) owns framing, limits and output. Time enters only through the event loop's
+(``connection.py``) owns framing, limits and output. Time enters only through the event loop's
 ``call_later`` (long-poll timeouts), so the simulator runs this code unchanged; the latency
 histograms read ``perf_counter``, for reporting only (histogram.py).
 

@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..client.bookie_client import BookiePool
+from ..client.bookie_pool import BookiePool
 from ..client.context import ClientContext
 from ..client.placement import PlacementPolicy
 from ..client.reads import read_copy

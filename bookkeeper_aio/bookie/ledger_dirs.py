@@ -15,7 +15,7 @@ such an errno) are raised as before.
 The first failure calls ``on_failed(dir, ledger ids, good dirs left)`` on the event loop (a
 sync in a worker thread may be the one to notice): the bookie logs and counts it, turns
 read-only when no good dir is left, and marks every ledger of the dir under-replicated at
-once — not at the next periodic check (server.py).
+once — not at the next periodic check (server_upkeep.py).
 
 Testing only (``engine_fault_injection``): a shard fails every call with EIO once a file named
 :data:`INJECT_FILE` exists in its dir.

@@ -7,14 +7,9 @@ start a new journal file, then checkpoint once so the replayed state is synced a
 journal files go away. Only then does the bookie listen, so no client ever sees a state that a
 replay would still change.
 
-Serving: connections (``connection.py``) feed the :class:`RequestHandler`. Owned background
-loops run beside them: the checkpoint loop (sync the engine, trim the journal), the disk
-monitor (read-only mode when a ledger dir fills up) and, with a metadata store, the garbage
-collector (``gc.py``: deletes tombstoned ledgers, reclaims their space). When the journal's
-queue is full every connection stops reading until it drains: backpressure, not memory growth.
-So does every connection while the engine's writes are ahead of its flushes
-(``Engine.write_pressure``, looked at every ``engine_pressure_check_bytes`` written): rather
-than RocksDB's own slowdown, which sleeps in this thread.
+Serving: connections (``connection.py``) feed the :class:`RequestHandler`; owned background
+loops run beside them, and backpressure stops every connection reading while the journal or the
+engine is behind.
 
 Shutdown (SIGTERM/SIGINT in ``__main__``, or :meth:`Bookie.stop`): stop accepting, stop reading,
 checkpoint (the engine holds everything), drain the journal so every pending reply goes out,
@@ -23,6 +18,11 @@ IO_ERROR, stops, and ``__main__`` exits non-zero, because a bookie that cannot m
 durable must not acknowledge anything. So does a background loop that ends with an error (its
 loops log and retry what they expect; anything else is a bug, and the bookie is no longer
 what it says) and a shutdown that does not finish within ``shutdown_timeout_s``.
+
+Where each part lives: the connections and their backpressure in ``server_connections.py``;
+the background loops (checkpoints, the disk monitor, garbage collection) and the ledger dirs
+that fail in ``server_upkeep.py``. :class:`Bookie` is both and the lifecycle: boot, failure and
+shutdown.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ..client.bookie_client import BookiePool
+from ..client.bookie_pool import BookiePool
 from ..client.context import ClientContext
 from ..client.placement import PlacementPolicy
 from ..config import BookieConfig, ClientConfig, MetadataConfig
@@ -45,7 +45,6 @@ from ..metadata.store import BookieRegistration, MetadataStore, open_metadata_st
 from ..net import Network, Server, bookie_network
 from .connection import BookieConnection
 from .cookie import CookieCheck
-from .disk import next_read_only
 from .gc import GarbageCollector
 from .handler import RequestHandler
 from .integrity import BOOKIE_BUGS, CRASH_KEPT_BUG, DataIntegrity
@@ -53,13 +52,15 @@ from .journal import Journal
 from .ledger_dirs import LedgerDirs
 from .ledger_records import LedgerRecords
 from .scrubber import Scrubber
+from .server_connections import ConnectionControl
+from .server_upkeep import BookieUpkeep
 from .storage import BookieJournal, BookieStorage, DiskStorage
 from .trace import AddTrace
 
 log = logging.getLogger(__name__)
 
 
-class Bookie:
+class Bookie(ConnectionControl, BookieUpkeep):
     """One bookie server. Use :meth:`serve` (``async with``) or :meth:`start`/:meth:`stop`."""
 
     def __init__(
@@ -260,186 +261,6 @@ class Bookie:
             await self.integrity.preboot("; ".join(reasons))
         if cookies.repair is not None:
             await self.storage.restamp_cookies(self.metadata, cookies)
-
-    # --- connections ----------------------------------------------------------------------
-
-    def register(self, conn: BookieConnection) -> bool:
-        """Track a new connection; False if ``connections_max`` is reached."""
-        if len(self.connections) >= self.config.connections_max:
-            self.counters["connections_refused"] += 1
-            return False
-        self.connections[conn] = None
-        self.counters["connections_accepted"] += 1
-        if self._journal_full:
-            conn.pause_reading("journal")
-        if self._engine_wait is not None:
-            conn.pause_reading("engine")
-        return True
-
-    def unregister(self, conn: BookieConnection) -> None:
-        """Forget a closed connection."""
-        self.connections.pop(conn, None)
-
-    def _journal_pressure(self, full: bool) -> None:
-        self._journal_full = full
-        self.counters["journal_pressure_events"] += full
-        for conn in list(self.connections):
-            conn.pause_reading("journal") if full else conn.resume_reading("journal")
-
-    def _engine_pressure(self) -> None:
-        """The engine's writes ran ahead of its background work (Engine.write_pressure): stop
-        reading requests until it catches up. Without this, RocksDB itself slows the writes
-        down by sleeping in this thread, and nothing else runs meanwhile: not the answers, not
-        the reads, not the lease's keepalive."""
-        if self._engine_wait is not None or self.stopped.is_set():
-            return
-        self.counters["engine_pressure_events"] += 1
-        for conn in list(self.connections):
-            conn.pause_reading("engine")
-        self._engine_wait = asyncio.create_task(self._wait_for_engine(), name="engine-pressure")
-        self._engine_wait.add_done_callback(self._loop_ended)
-
-    async def _wait_for_engine(self) -> None:
-        assert self._engine is not None
-        started = time.monotonic()
-        try:
-            # A poll: RocksDB tells of a finished flush through no event of its own.
-            while self._engine.write_pressure():  # noqa: ASYNC110
-                await asyncio.sleep(self.config.engine_pressure_poll_s)
-        finally:
-            self.counters["engine_pressure_ms"] += round((time.monotonic() - started) * 1000)
-            self._engine_wait = None
-            for conn in list(self.connections):
-                conn.resume_reading("engine")
-
-    # --- background loops -----------------------------------------------------------------
-
-    def _background(self, loop: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """Start an owned background loop; its failure is the bookie's (never lost)."""
-        task = asyncio.create_task(loop, name=name)
-        task.add_done_callback(self._loop_ended)
-        return task
-
-    def _loop_ended(self, task: asyncio.Task[None]) -> None:
-        exc = None if task.cancelled() else task.exception()
-        if exc is None:
-            return
-        log.critical("background loop %s failed", task.get_name(), exc_info=exc)
-        self._fatal(exc)
-
-    async def _checkpoint_loop(self) -> None:
-        assert self._journal is not None
-        while True:
-            await asyncio.sleep(self.config.checkpoint_interval_s)
-            try:
-                await self.checkpoint()
-                self.counters["checkpoints"] += 1
-            except Exception as exc:
-                self._fatal(exc)
-                return
-
-    async def collect_garbage(self) -> dict[str, object]:
-        """Run one garbage-collection pass now (``gc.py``) and return its figures (JSON-able):
-        ledgers deleted, bytes freed, orphans, tombstones confirmed, removed and expired.
-
-        Raises:
-            RuntimeError: the bookie runs without a metadata store (nothing to check against).
-            MetadataUnavailableError: the store could not be reached (nothing was deleted
-                unless it failed after the listing; the next pass goes on).
-        """
-        if self.gc is None:
-            raise RuntimeError("garbage collection needs a metadata store (metadata_uri)")
-        async with self._gc_lock:
-            return await self.gc.collect()
-
-    async def checkpoint(self, needed: Callable[[], bool] | None = None) -> None:
-        """Sync the engine and drop the journal it covers; the copies stored without the
-        journal before it began are durable then (bookie/deferred.py). One at a time, in
-        turn: ``needed``, asked when this one's turn comes, can skip it (False: those before
-        it did the caller's work: the listings of several copies waiting behind one sync
-        share it).
-
-        Raises:
-            OSError: the engine sync or the checkpoint file write failed.
-        """
-        assert self._journal is not None and self._handler is not None
-        async with self._checkpoint_turn:
-            if needed is not None and not needed():
-                return
-            # Numbered when it begins, not when it was asked for: the copies stored while it
-            # waited its turn are in the engine before its sync, so they are covered too.
-            begun = self._handler.deferred.sync_begins()
-            await self._journal.checkpoint(self.engine.sync)
-            self._handler.deferred.synced(begun)
-
-    async def _gc_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.gc_interval_s)
-            try:
-                await self.collect_garbage()
-            except OSError as exc:  # a checkpoint that failed is the checkpoint loop's business
-                log.error("gc pass failed: %s", exc)
-            except Exception:  # the store unreachable, say: the next pass tries again
-                log.exception("gc pass failed")
-
-    async def _disk_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.disk_check_interval_s)
-            try:
-                await self._check_disks()
-            except OSError as exc:
-                log.error("disk check failed: %s", exc)
-            except Exception:  # e.g. the registry refused the read-only update: try again
-                log.exception("disk check failed")
-
-    async def _check_disks(self) -> None:
-        cfg, handler = self.config, self.handler
-        usage = await self.storage.disk_usage()
-        handler.disk_space = (usage.free_bytes, usage.total_bytes)
-        read_only = (
-            cfg.force_read_only
-            or self._no_good_dir()
-            or next_read_only(
-                handler.read_only,
-                usage.used_fraction_max,
-                cfg.disk_usage_threshold,
-                cfg.disk_usage_lwm_threshold,
-            )
-        )
-        if read_only != handler.read_only:
-            log.warning(
-                "bookie %s is now %s (disk %.1f%% used)",
-                cfg.bookie_id, "read-only" if read_only else "writable",
-                100 * usage.used_fraction_max,
-            )  # fmt: skip
-            handler.read_only = read_only
-            if self._registration is not None:
-                await self._registration.update(read_only=read_only)
-
-    # --- ledger dirs that fail (BP-31) ------------------------------------------------------
-
-    def _no_good_dir(self) -> bool:
-        return isinstance(self._engine, LedgerDirs) and self._engine.good == 0
-
-    def _dir_failed(self, directory: str, ledgers: list[int], good_left: int) -> None:
-        """A ledger dir went out of service (ledger_dirs.py): read-only if it was the last
-        good one, and its ledgers marked under-replicated now."""
-        self.counters["ledger_dirs_failed"] += 1
-        log.error("bookie %s: ledger dir %s failed: out of service, %d good dir(s) left; its "
-                  "%d ledgers are marked under-replicated", self.config.bookie_id, directory,
-                  good_left, len(ledgers))  # fmt: skip
-        self._tasks.append(
-            asyncio.create_task(self._act_on_dir_failure(ledgers), name="bookie-dir-failed")
-        )
-
-    async def _act_on_dir_failure(self, ledgers: list[int]) -> None:
-        if self._no_good_dir():
-            await self._check_disks()  # read-only now, and registered as such
-        if self.metadata is None or not ledgers:
-            return
-        from .dir_marks import mark_dir_ledgers
-
-        await mark_dir_ledgers(self.metadata, self.config.bookie_id, ledgers)
 
     # --- failure and shutdown -------------------------------------------------------------
 

@@ -32,7 +32,8 @@ from ..metadata.store import MetadataStore
 from .cookie import CookieCheck, check_cookies, restamp_cookies
 from .disk import DiskUsage, disk_usage
 from .handler import JournalSink
-from .journal import Journal, fsync_dir
+from .journal import Journal
+from .journal_files import fsync_dir
 from .ledger_dirs import LedgerDirs, open_dirs
 from .records import replay_into
 

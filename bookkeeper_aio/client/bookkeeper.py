@@ -28,7 +28,7 @@ from ..metadata.model import LedgerMetadata, password_hash, validate_quorums
 from ..metadata.store import open_metadata_store
 from ..net import Network, client_network
 from . import deletion
-from .bookie_client import BookiePool
+from .bookie_pool import BookiePool
 from .context import ClientContext
 from .placement import PlacementPolicy
 from .reader import LedgerReader

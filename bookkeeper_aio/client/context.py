@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from ..config import ClientConfig
 from ..metadata.store import MetadataStore
-from .bookie_client import BookiePool
+from .bookie_pool import BookiePool
 from .placement import PlacementPolicy
 from .stats import ClientStats
 

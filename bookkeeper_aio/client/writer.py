@@ -14,18 +14,6 @@ earlier one* reached the ack quorum. At most ``adds_pending_max`` adds and
 unanswered bytes on the connection to any bookie of the ensemble; :meth:`append` and
 :meth:`wait_for_room` wait for room (backpressure, bounded memory).
 
-Sending is batched: the adds of one loop turn go out as one frame per bookie at its end, and a
-bookie with ``add_batches_in_flight_max`` unanswered batches gets its partial batch when it
-answers one.
-
-A bookie that fails an add (error, timeout, lost connection, read-only) is handed to the
-pipeline, and the ensemble-change coroutine replaces the failed bookies the pipeline lets go
-(not pinned): replacements come from the placement policy, the metadata gets a new segment at
-the pipeline's ``segment_start`` through a compare-and-swap, and the adds the pipeline returns
-are re-sent to the replacements. If the CAS finds the ledger CLOSED every pending add fails
-with LedgerClosedError, if IN_RECOVERY with LedgerFencedError — as does a FENCED answer from
-any bookie: another client is recovering the ledger and this writer must stop.
-
 With **guaranteed write quorum** (a ledger created with ``guaranteed_write_quorum=True``, kept
 in its metadata; docs/protocol.md) an add stays pending until it and every earlier add have WQ
 copies, ensemble changes carry every add from the first one below WQ and never replace a
@@ -34,77 +22,45 @@ pinned bookie, :meth:`close` completes only when nothing is pending (else it rai
 recovery), and the LAFR goes to the ensemble every ``explicit_lac_interval_s`` when it moved.
 Ledgers without the option take none of these paths.
 
-After ``explicit_lac_interval_s`` without adds, the writer sends its LAC to the ensemble
-(WRITE_LAC) so tailing readers see the last entry. :meth:`close` drains pending adds and CASes
-the metadata to CLOSED at the LAC; it succeeds if the metadata already says exactly that.
+:meth:`close` drains pending adds and CASes the metadata to CLOSED at the LAC; it succeeds
+if the metadata already says exactly that.
+
+:class:`LedgerWriter` is the handle (its state, public API, backpressure and close); its parts
+are mixins, one concept a module: the add path — batching, sending, acknowledgements, overload
+retries, failing (:class:`~.writer_adds.WriterAdds`, ``writer_adds.py``) — and the ensemble —
+the ensemble change when a bookie fails, the explicit LAC and LAFR
+(:class:`~.writer_ensemble.WriterEnsemble`, ``writer_ensemble.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
-import logging
-from functools import partial
 from time import perf_counter
 from typing import Any
 
-from ..digest import LacProof, header_digest, payload_digest
+from ..digest import header_digest, payload_digest
 from ..errors import (
     BookKeeperError,
     LedgerClosedError,
     LedgerFencedError,
     MetadataVersionError,
-    StatusCode,
-    TooManyRequestsError,
-    UnauthorizedError,
     WriteQuorumTimeoutError,
 )
 from ..metadata.model import LedgerMetadata, LedgerState, Versioned
 from ..metadata.store import update_ledger
-from ..protocol import (
-    ADD_ENTRY_HEAD,
-    AddBatchResponse,
-    AddRequest,
-    AddResponse,
-    BatchFrames,
-    SharedFrame,
-    WriteLacRequest,
-    WriteLafrRequest,
-    add_entry_head,
-)
+from ..protocol import ADD_ENTRY_HEAD, BatchFrames, add_entry_head
 from ..retry import RetryPolicy
 from .add_pipeline import AddCallback, AddPipeline, PendingAdd
 from .context import ClientContext
 from .short_copies import ShortCopies
+from .writer_adds import WriterAdds, WriterState
+from .writer_ensemble import WriterEnsemble
 
-log = logging.getLogger(__name__)
 # What an add takes in a batch beyond its payload (protocol.pack_add_entries).
 FRAMING_BYTES_PER_ADD = ADD_ENTRY_HEAD.size
 
-_Packed = tuple[list[PendingAdd], SharedFrame] | None
 
-
-class WriterState(enum.Enum):
-    """A writer's lifecycle: OPEN -> CLOSING -> CLOSED, and OPEN / CLOSING -> FAILED."""
-
-    OPEN = "open"  # takes adds
-    CLOSING = "closing"  # close() waits for pending adds (with GWQ: for their WQ copies)
-    CLOSED = "closed"  # close() is done (or gave up after a failure)
-    FAILED = "failed"  # fenced, unauthorized, an ensemble change failed, or WQ not reached
-
-
-_MOVES = frozenset(
-    {
-        (WriterState.OPEN, WriterState.CLOSING),
-        (WriterState.CLOSING, WriterState.CLOSED),
-        (WriterState.OPEN, WriterState.FAILED),
-        (WriterState.CLOSING, WriterState.FAILED),
-        (WriterState.FAILED, WriterState.CLOSED),
-    }
-)
-
-
-class LedgerWriter:
+class LedgerWriter(WriterAdds, WriterEnsemble):
     """A ledger opened for writing by :meth:`BookKeeper.create_ledger`."""
 
     def __init__(self, ctx: ClientContext, versioned: Versioned, master_key: bytes) -> None:
@@ -402,402 +358,3 @@ class LedgerWriter:
             "ensemble_changes": self._ensemble_changes,
             "ensemble": list(self._ensemble),
         }
-
-    # --- sending and acknowledgements -----------------------------------------------------
-
-    def _move(self, state: WriterState) -> None:
-        assert (self.state, state) in _MOVES, (self.state, state)
-        self.state = state
-
-    def _check_open(self) -> None:
-        if self._failed is not None:
-            raise self._failed
-        if self.state is not WriterState.OPEN:
-            raise LedgerClosedError(f"ledger {self.ledger_id} is closed")
-
-    def _queue_fresh(self, op: PendingAdd) -> None:
-        """Queue a new add for its whole write set: sent at the end of this loop turn with
-        the others (or now, when a batch is full). One list for every bookie, not one per
-        bookie: with E == WQ the flush sends that very list, packed once, to each."""
-        fresh = self._fresh
-        fresh.append(op)
-        self._fresh_bytes += len(op.payload)
-        if self._flush_handle is None:
-            self._flush_handle = self._loop.call_soon(self._flush)
-        elif len(fresh) >= self._batch_entries_max or self._fresh_bytes >= self._batch_bytes_max:
-            self._flush()  # the bounds hold for each bookie's share, whatever the striping
-
-    def _send(self, op: PendingAdd, index: int) -> None:
-        """Queue an add for the bookie at ``index`` only (a retry, a re-send after an
-        ensemble change); sent at the end of this loop turn, like new adds."""
-        if index in self._pipe.changing:
-            return  # re-sent to the replacement once the ensemble change is committed
-        if op in self._fresh:
-            return  # a new add not flushed yet: the flush sends it to its whole write set
-        self._backlog_credit = -1
-        queued = self._queued.get(index)
-        if queued is None:
-            self._queued[index] = [op]
-            self._queued_bytes[index] = len(op.payload)
-            if self._flush_handle is None:
-                self._flush_handle = self._loop.call_soon(self._flush)
-            return
-        queued.append(op)
-        size = self._queued_bytes[index] = self._queued_bytes[index] + len(op.payload)
-        if len(queued) >= self._batch_entries_max or size >= self._batch_bytes_max:
-            self._flush()  # every index, so that identical batches are still packed once
-
-    def _flush(self) -> None:
-        self._backlog_credit = -1
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        fresh, fresh_bytes, self._fresh, self._fresh_bytes = self._fresh, self._fresh_bytes, [], 0
-        extra, extra_bytes = self._queued, self._queued_bytes
-        self._queued, self._queued_bytes = {}, {}
-        everyone = self._e == self._wq
-        frame = None
-        # The first add's write set in its order (as BookKeeper sends an entry), then the rest.
-        order = self._write_sets[fresh[0].entry_id % self._e] if fresh else ()
-        for index in (*order, *(i for i in range(self._e) if i not in order)):
-            ops = fresh if everyone else [op for op in fresh if index in op.write_set]
-            added = fresh_bytes if everyone else sum(len(op.payload) for op in ops)
-            more = extra.get(index)
-            if more:
-                more.extend(ops)  # older first
-                ops = more
-            if not ops:
-                continue
-            bookie = self._ensemble[index]
-            size = extra_bytes.get(index, 0) + added
-            if (
-                self._batches_in_flight.get(bookie, 0) >= self._batches_in_flight_max
-                and len(ops) < self._batch_entries_max
-                and size < self._batch_bytes_max
-            ):
-                # A partial batch waits until the bookie answers one (_on_batch flushes
-                # again): under load a batch then carries what arrived during a round trip,
-                # not one loop turn. Full batches never wait: waiting would cap a writer at
-                # add_batches_in_flight_max batches per round trip (a slow fdatasync).
-                # A copy of the shared list: other bookies' requests hold it, unchanged.
-                self._queued[index] = ops if more else list(ops)
-                self._queued_bytes[index] = size
-                continue
-            # With E == WQ every bookie gets the same adds: the frame is packed once.
-            for chunk in self._chunks(ops) if more else (ops,):
-                frame = self._send_batch(index, chunk, frame)
-
-    def _chunks(self, ops: list[PendingAdd]) -> list[list[PendingAdd]]:
-        """``ops`` cut into batches within add_batch_entries_max and add_batch_bytes_max."""
-        chunks: list[list[PendingAdd]] = [[]]
-        size = 0
-        for op in ops:
-            if chunks[-1] and (
-                len(chunks[-1]) >= self._batch_entries_max
-                or size + len(op.payload) > self._batch_bytes_max
-            ):
-                chunks.append([])
-                size = 0
-            chunks[-1].append(op)
-            size += len(op.payload)
-        return chunks
-
-    def _send_batch(self, index: int, ops: list[PendingAdd], previous: _Packed) -> _Packed:
-        """Send ``ops`` to the bookie at ``index`` (reusing ``previous`` if it packed the same
-        adds); return what was packed."""
-        if index in self._pipe.changing or self._failed is not None:
-            # Changing: re-sent to the replacement once the change is committed. Failed:
-            # every pending add has failed already.
-            return previous
-        if previous is not None and (previous[0] is ops or previous[0] == ops):
-            frame = previous[1]
-        elif len(ops) == 1:
-            op = ops[0]
-            frame = SharedFrame(AddRequest, self.ledger_id, op.entry_id, 0, self._key, op.lac,
-                                op.payload, op.digest)  # fmt: skip
-        else:  # protocol.pack_add_entries, from the heads packed once per add
-            parts: list[bytes] = []
-            for op in ops:
-                parts += (op.head, op.payload)
-            frame = self._batch_frames.frame(b"".join(parts))
-        bookie = self._ensemble[index]
-        self._batches_in_flight[bookie] = self._batches_in_flight.get(bookie, 0) + 1
-        self.ctx.pool.send_shared(bookie, frame, partial(self._on_batch, ops, index, bookie))
-        return ops, frame
-
-    def _on_batch(self, ops: list[PendingAdd], index: int, bookie: str, result: Any) -> None:
-        # Called once per request, whatever its fate: the bookie has room for another batch.
-        left = self._batches_in_flight.pop(bookie, 1) - 1
-        if left:
-            self._batches_in_flight[bookie] = left
-        if self._queued and self._flush_handle is None:
-            self._flush_handle = self._loop.call_soon(self._flush)
-        if (
-            type(result) is AddBatchResponse
-            and result.status == StatusCode.OK
-            and len(result.statuses) == len(ops)
-            and self._ensemble[index] == bookie
-        ):  # the common case: what _on_add does for each OK, completing once
-            if self._overloaded:
-                for op in ops:
-                    self._overloaded.pop((op.entry_id, index), None)
-            if self._pipe.acked(ops, index):
-                self._complete()
-        elif type(result) is AddBatchResponse and len(result.statuses) == len(ops):
-            for op, status in zip(ops, result.statuses, strict=True):
-                self._on_add(op, index, bookie, status)
-        elif type(result) is AddResponse:
-            self._on_add(ops[0], index, bookie, result.status)
-        else:  # an exception, or a batch refused as a whole
-            for op in ops:
-                self._on_add(op, index, bookie, result)
-
-    def _on_add(self, op: PendingAdd, index: int, bookie: str, result: Any) -> None:
-        """``result``: the add's status, or an exception / a response for a failed request."""
-        ok = type(result) is int and result == StatusCode.OK
-        if not ok and self._pipe.is_short_copy(op):
-            self._short.add(bookie, op.entry_id)  # acknowledged at AQ, not here (BP-31)
-        if self._ensemble[index] != bookie:
-            return  # an answer from a bookie that was replaced
-        if ok:
-            if self._overloaded:
-                self._overloaded.pop((op.entry_id, index), None)
-            if self._pipe.ack(op, index):
-                self._complete()
-            return
-        if op.done and (
-            self._failed is not None
-            or (self.state is not WriterState.OPEN and not self._gwq)
-            or self.state is WriterState.CLOSED
-        ):
-            return  # (with GWQ a closing writer still needs its acknowledged adds at WQ)
-        # A failure after the entry reached its ack quorum still replaces the bookie (as
-        # BookKeeper does): a bookie that is slow or gone beyond the ack quorum must not
-        # hold up the writer's backpressure (bookie_backlog_bytes_max) for ever.
-        status = result if type(result) is int else getattr(result, "status", None)
-        if status == StatusCode.TOO_MANY_REQUESTS or isinstance(result, TooManyRequestsError):
-            # Overload, not failure: retry the same bookie after a backoff; only a bookie that
-            # stays overloaded for the whole retry policy is replaced.
-            if self._retry_later(op, index, bookie):
-                return
-            log.info("ledger %d: bookie %s still overloaded after %d retries", self.ledger_id,
-                     bookie, op.overloads - 1)  # fmt: skip
-            op.overloads = 0
-            self._overloaded.pop((op.entry_id, index), None)  # short (above) if acknowledged
-            self._bookie_failed(op, index, bookie)
-        elif status == StatusCode.FENCED:
-            self._fail(LedgerFencedError(f"ledger {self.ledger_id} was fenced by a recoverer"))
-        elif status == StatusCode.UNAUTHORIZED:
-            self._fail(UnauthorizedError(f"bookie {bookie} refused our key for {self.ledger_id}"))
-        else:
-            why = result if isinstance(result, BaseException) else _status_name(status)
-            log.info("ledger %d: bookie %s failed an add (%s)", self.ledger_id, bookie, why)
-            self._bookie_failed(op, index, bookie)
-
-    def _retry_later(self, op: PendingAdd, index: int, bookie: str) -> bool:
-        """Send ``op`` to ``bookie`` again after a backoff; False once the policy is spent."""
-        attempt = getattr(op, "overloads", 0) + 1
-        op.overloads = attempt
-        delay = self._overload_retry.delay_s(attempt, self.ctx.rng)
-        if delay is None:
-            return False
-        self._overloaded[(op.entry_id, index)] = (op, bookie)
-        self._loop.call_later(delay, self._retry, op, index, bookie)
-        return True
-
-    def _retry(self, op: PendingAdd, index: int, bookie: str) -> None:
-        if (
-            self._ensemble[index] != bookie
-            or self._failed is not None
-            or self.state is WriterState.CLOSED
-        ):
-            # Replaced (the entry stays in its segment, one copy short), failed, or closed
-            # (close marked what was still owed).
-            if self._overloaded.pop((op.entry_id, index), None) and self._pipe.is_short_copy(op):
-                self._short.add(bookie, op.entry_id)
-            return
-        if (
-            not op.done
-            or (self._gwq and op.entry_id > self._pipe.last_add_fully_replicated)
-            or self._pipe.is_short_copy(op)
-        ):
-            # An add acknowledged meanwhile (AQ reached on the others) still owes this copy:
-            # nothing else writes it (BP-31: WQ copies), and a failure now marks it short.
-            self._send(op, index)
-
-    def _complete(self) -> None:
-        """Tell the callers of the adds the pipeline acknowledged; wake waiters for room."""
-        pipe = self._pipe
-        first = self.last_add_confirmed
-        for op in pipe.complete():
-            self._finish(op, None)
-        if self.last_add_confirmed != first:
-            self._count_completed(self.last_add_confirmed - first)
-        self._room.set()  # waiters re-check their own size
-        if pipe.failed_bookies and self._failed is None:
-            self._start_change()  # releases may have unpinned a failed bookie
-
-    def _count_completed(self, count: int) -> None:
-        stats = self.ctx.stats
-        stats.counters["adds_completed"] += count
-        if 0 <= self._timed_entry <= self.last_add_confirmed:
-            stats.add_latency.observe(perf_counter() - self._timed_at)
-            self._timed_entry = -1
-
-    def _finish(self, op: PendingAdd, error: BaseException | None) -> None:
-        """Tell ``op``'s caller it completed or failed: a future at once (it runs its
-        callbacks in a later loop turn itself), a callback at the end of this loop turn, in
-        order. Not at once: the answers that arrived together are all processed first (a
-        callback that appends may send 3 x 256 KiB before the next answer's acks are seen;
-        told at once, `writes --outstanding 1000` measured 5-15 % fewer entries/s). Except
-        the last pending add completing with none waiting to be told: no later answer can
-        complete another, and one add at a time saves a loop turn."""
-        if op.future is not None:
-            op.finish(error)
-            return
-        if error is None and not self._pipe.unacked and not self._to_tell:
-            op.finish(None)
-            return
-        op.done = True
-        op.error = error
-        if not self._to_tell:
-            self._loop.call_soon(self._tell)
-        self._to_tell.append(op)
-
-    def _tell(self) -> None:
-        told, self._to_tell = self._to_tell, []
-        for op in told:
-            op.finish(op.error)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._failed is None:
-            self._failed = exc
-            if self._gwq and not self._pipe.drained:
-                # Entries may be below WQ: closing the ledger is a recovery's job now.
-                self._unclosable = exc
-            if self.state in (WriterState.OPEN, WriterState.CLOSING):
-                self._move(WriterState.FAILED)
-            self._lac_task.cancel()  # a failed writer has no LAC to send any more
-        self._fail_pending(exc)
-
-    def _fail_pending(self, exc: BaseException) -> None:
-        for op in self._pipe.take_all():
-            self._finish(op, exc)
-        self._room.set()
-
-    # --- ensemble change ------------------------------------------------------------------
-
-    def _bookie_failed(self, op: PendingAdd, index: int, bookie: str) -> None:
-        if self._failed is not None:
-            return
-        pipe = self._pipe
-        pipe.fail_bookie(index, bookie)
-        self._start_change()
-        if index in pipe.pinned() and not self._retry_later(op, index, bookie):
-            # A pinned bookie cannot be replaced until the adds it holds reach WQ; if those
-            # need this very bookie and it keeps failing, the writer cannot go on.
-            self._fail(WriteQuorumTimeoutError(
-                f"ledger {self.ledger_id}: bookie {bookie} holds acknowledged entries below "
-                "the write quorum and keeps failing; the ledger stays open for recovery"
-            ))  # fmt: skip
-
-    def _start_change(self) -> None:
-        task = self._change_task
-        if (task is None or task.done()) and self._pipe.replaceable():
-            self._change_task = self._loop.create_task(self._change_ensemble())
-
-    async def _change_ensemble(self) -> None:
-        pipe = self._pipe
-        try:
-            while self._failed is None:
-                failed = pipe.begin_change()
-                if not failed:
-                    return  # none, or only pinned ones: _complete starts a round later
-                await self._replace(failed)
-                self._resend(failed, pipe.replaced(failed))
-                self._complete()
-                if self.ctx.config.mark_short_copies:
-                    await self._short.report()
-        except BookKeeperError as exc:
-            pipe.abort_change()
-            log.warning("ledger %d: ensemble change failed: %s", self.ledger_id, exc)
-            self._fail(exc)
-        except Exception as exc:  # a bug: the writer fails loudly instead of hanging its adds
-            pipe.abort_change()
-            log.exception("ledger %d: ensemble change failed", self.ledger_id)
-            self._fail(BookKeeperError(f"ledger {self.ledger_id}: ensemble change failed: {exc!r}"))
-
-    async def _replace(self, failed: dict[int, str]) -> None:
-        self._ensemble_changes += 1
-        self.ctx.stats.counters["ensemble_changes"] += 1
-        if self._ensemble_changes > self.ctx.config.ensemble_changes_max:
-            raise BookKeeperError(f"ledger {self.ledger_id}: too many ensemble changes")
-        bookies = (await self.ctx.metadata.list_bookies()).values()
-        new = list(self._ensemble)
-        exclude = set(failed.values())
-        for index in sorted(failed):
-            new[index] = self.ctx.placement.replace_bookie(
-                new, index, self._wq, bookies, self.ctx.rng, exclude
-            )
-        pipe = self._pipe
-
-        def add_segment(v: Versioned) -> LedgerMetadata:
-            md: LedgerMetadata = v.value
-            if md.state is LedgerState.CLOSED:
-                raise LedgerClosedError(f"ledger {self.ledger_id} was closed by another client")
-            if md.state is LedgerState.IN_RECOVERY:
-                raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered")
-            # Stable while this change runs: completions and releases wait for it.
-            return md.with_ensemble_change(pipe.segment_start, tuple(new))
-
-        self._versioned = await update_ledger(
-            self.ctx.metadata, self.ledger_id, add_segment,
-            self.ctx.config.metadata_retries_max, current=self._versioned,
-        )  # fmt: skip
-        log.info("ledger %d: ensemble %s -> %s", self.ledger_id, self._ensemble, new)
-        self._ensemble = new
-        self._backlog_credit = -1  # the replacements' backlogs are not in it
-
-    def _resend(self, replaced: dict[int, str], resend: dict[int, list[PendingAdd]]) -> None:
-        for index in replaced:  # adds held for the old bookie: all pending ones go again
-            self._queued.pop(index, None)
-            self._queued_bytes.pop(index, None)
-        for index, ops in resend.items():
-            for op in ops:
-                self._send(op, index)
-
-    # --- explicit LAC and LAFR ------------------------------------------------------------
-
-    async def _explicit_lac_loop(self) -> None:
-        interval = self.ctx.config.explicit_lac_interval_s
-        pipe = self._pipe
-        while True:
-            self._idle = True
-            await asyncio.sleep(interval)
-            if self._failed is not None:
-                continue
-            lac = pipe.last_add_confirmed
-            if self._idle and not pipe.unacked and lac > self._lac_sent:
-                proof = LacProof.explicit(self.ledger_id, lac)
-                for bookie in self._ensemble:
-                    self.ctx.pool.send(bookie, WriteLacRequest, self.ledger_id, self._key, lac,
-                                       proof.digest, callback=_ignore)  # fmt: skip
-                self._lac_sent = lac
-            lafr = pipe.last_add_fully_replicated
-            if lafr > self._lafr_sent:  # guaranteed write quorum only (else always -1)
-                for bookie in self._ensemble:
-                    self.ctx.pool.send(bookie, WriteLafrRequest, self.ledger_id, self._key,
-                                       lafr, callback=_ignore)  # fmt: skip
-                self._lafr_sent = lafr
-
-
-def _status_name(status: Any) -> str:
-    try:
-        return StatusCode(status).name
-    except ValueError:
-        return f"status {status!r:.20}"
-
-
-def _ignore(result: Any) -> None:
-    """Explicit LAC and LAFR writes are best effort: a reader falls back to the piggybacked
-    LAC, a recovery to the first entry of the last segment."""

@@ -20,7 +20,7 @@ from ..autorecovery.audit import audit_all
 from ..autorecovery.checker import check_ledger
 from ..autorecovery.decommission import decommission as decommission_bookie
 from ..autorecovery.election import current_auditor
-from ..client.bookie_client import BookiePool
+from ..client.bookie_pool import BookiePool
 from ..client.context import ClientContext
 from ..client.placement import PlacementPolicy
 from ..config import ClientConfig

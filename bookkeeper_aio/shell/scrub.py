@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..client.bookie_client import BookiePool
+from ..client.bookie_pool import BookiePool
 from ..client.context import ClientContext
 from ..client.placement import PlacementPolicy
 from ..client.reads import request

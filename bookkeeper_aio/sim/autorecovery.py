@@ -35,7 +35,7 @@ from ..autorecovery.replacement import neighbour_racks
 from ..autorecovery.service import Autorecovery
 from ..autorecovery.state import LOST_PREFIX, lost_bookies
 from ..autorecovery.worker import WORKER_BUGS
-from ..client.bookie_client import BookiePool
+from ..client.bookie_pool import BookiePool
 from ..client.context import ClientContext
 from ..client.placement import DEFAULT_RACK, PlacementPolicy
 from ..config import AutorecoveryConfig

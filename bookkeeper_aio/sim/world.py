@@ -29,7 +29,7 @@ from engines.memory import MemoryDisk, MemoryEngine
 from ..bookie.integrity import BOOKIE_BUGS
 from ..bookie.records import replay_into
 from ..bookie.server import Bookie
-from ..client.bookie_client import BookiePool
+from ..client.bookie_pool import BookiePool
 from ..client.bookkeeper import BookKeeper
 from ..client.context import ClientContext
 from ..client.placement import PlacementPolicy
