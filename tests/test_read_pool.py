@@ -7,6 +7,8 @@ import asyncio
 import threading
 from functools import partial
 
+import pytest
+
 from bookkeeper_aio.bookie.read_pool import LEDGER_THREADS_MAX, ReadPool
 from bookkeeper_aio.errors import StatusCode
 from bookkeeper_aio.protocol import ReadBatchRequest, unpack_read_entries
@@ -153,6 +155,42 @@ async def test_without_read_threads_every_read_runs_on_the_loop() -> None:
     engine.cold = {3}
     engine.disk.set()
     assert h.read(3).payload == b"entry 3" and engine.threads[3] == "MainThread"
+
+
+async def test_closing_a_pool_that_never_used_a_thread_starts_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The simulator's bookies close their pools on the loop: a thread there breaks replay.
+    async def no_thread(*args: object) -> None:
+        raise AssertionError("aclose started a thread")
+
+    monkeypatch.setattr(asyncio, "to_thread", no_thread)
+    pool = ReadPool(threads=4, queue_max=8)
+    got: list[object] = []
+    pool.read(1, lambda: True, lambda: "in memory", lambda r, e: got.append(r))
+    await pool.aclose()
+    pool.read(1, lambda: False, lambda: "after close", lambda r, e: got.append(r))
+    assert got == ["in memory", "after close"] and pool.inline == 1  # no thread any more
+
+
+async def test_closing_a_pool_waits_for_the_read_in_its_thread() -> None:
+    pool = ReadPool(threads=2, queue_max=8)
+    disk = threading.Event()
+    finished = threading.Event()
+
+    def slow() -> str:
+        assert disk.wait(WAIT_S)
+        finished.set()
+        return "from the disk"
+
+    pool.run(slow, lambda r, e: None)
+    closing = asyncio.create_task(pool.aclose())
+    await asyncio.sleep(0.05)
+    assert not closing.done()  # the loop still runs while the pool waits in a thread
+    disk.set()
+    async with asyncio.timeout(WAIT_S):
+        await closing
+    assert finished.is_set()
 
 
 async def test_a_read_that_fails_in_its_thread_is_an_io_error() -> None:

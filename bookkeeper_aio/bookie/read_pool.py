@@ -151,6 +151,16 @@ class ReadPool:
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
 
+    async def aclose(self) -> None:
+        """:meth:`close` from the event loop: in a worker thread if reads ever ran in one, else
+        here at once. No thread is started to close a pool that never started one: in the
+        simulator (whose engines answer from memory) a thread's wall time would move the
+        virtual clock and a seed would not replay exactly."""
+        if self._executor is None:
+            self.close()
+        else:
+            await asyncio.to_thread(self.close)
+
     def statistics(self) -> dict[str, int]:
         return {"reads_queued": self.queued, "reads_threaded": self.threaded,
                 "reads_inline": self.inline}  # fmt: skip

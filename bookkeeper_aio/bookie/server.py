@@ -350,7 +350,7 @@ class Bookie(ConnectionControl, BookieUpkeep):
         await self._journal.close()
         await asyncio.sleep(0)  # let the drained callbacks' replies flush
         if self._handler is not None:  # the reads running in threads end first
-            await asyncio.to_thread(self._handler.reads.close)
+            await self._handler.reads.aclose()
         await self.storage.close_engine(self._engine)
         if self.failure is None:
             await self.storage.mark_running(False)  # a clean shutdown: no limbo next boot

@@ -6,9 +6,11 @@ Theory of operation
 selector never waits: when asyncio would block for ``timeout`` seconds (nothing ready until the
 next timer), the selector adds ``timeout`` to the clock and returns at once, so the loop jumps
 to the next timer. With no I/O, no threads and callbacks run in FIFO order, a run is a pure
-function of its inputs and its rng. Blocking with no timer at all means every task waits for
-something that can never happen: :class:`Deadlock` is raised instead of hanging; a loop that
-keeps running callbacks without the clock ever moving (a busy retry loop) raises
+function of its inputs and its rng: code under simulation that hands work to a thread
+(``run_in_executor``, ``asyncio.to_thread``) gets :class:`RealThreadError`, since the clock would
+jump from timer to timer while the thread ran. Blocking with no timer at all means every task
+waits for something that can never happen: :class:`Deadlock` is raised instead of hanging; a
+loop that keeps running callbacks without the clock ever moving (a busy retry loop) raises
 :class:`Livelock`.
 """
 
@@ -16,11 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 if TYPE_CHECKING:
     from _typeshed import FileDescriptorLike
+
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 
 class Deadlock(RuntimeError):
@@ -29,6 +36,10 @@ class Deadlock(RuntimeError):
 
 class Livelock(RuntimeError):
     """The loop keeps running callbacks but the clock never moves: something spins."""
+
+
+class RealThreadError(RuntimeError):
+    """Code under simulation handed work to a real thread (``VirtualTimeLoop.run_in_executor``)."""
 
 
 SPIN_ITERATIONS_MAX = 200_000  # loop iterations in a row without the clock moving
@@ -85,3 +96,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """Move the clock forward (the selector does this when the loop would block)."""
         if seconds > 0:
             self._now += seconds
+
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[[*_Ts], _T], *args: *_Ts
+    ) -> asyncio.Future[_T]:
+        """Refused: a real thread's wall time would reach the schedule. While it ran, the
+        selector would jump the clock from timer to timer, so a seed would not replay exactly
+        (``asyncio.to_thread`` comes here too)."""
+        raise RealThreadError(f"a real thread in the simulation: {func!r}")
