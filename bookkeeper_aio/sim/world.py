@@ -229,6 +229,9 @@ class SimBookie:
             # metadata reads would change every seed's schedule).
             scrub_interval_s=0.0,
             ledger_records=False,
+            # Every read on the loop (the simulated engines answer from memory anyway): a read
+            # thread's wall time would reach the schedule (sim/loop.py).
+            read_threads=0,
         )
 
     async def start(self) -> None:
