@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bookkeeper_aio.autorecovery import fragments as fr
-from bookkeeper_aio.autorecovery import worker as worker_module
+from bookkeeper_aio.autorecovery import worker_job
 from bookkeeper_aio.autorecovery.checker import check_ledger, list_present
 from bookkeeper_aio.autorecovery.election import current_auditor
 from bookkeeper_aio.autorecovery.worker import ReplicationWorker
@@ -453,7 +453,7 @@ def test_copies_a_listing_reported_survive_a_crash_of_their_target(listing_syncs
         await target.start()
         if not listing_syncs:
             target.bookie.handler.deferred.pending = lambda ledger_id: False
-        real_copy = worker_module.copy_entries
+        real_copy = worker_job.copy_entries
         crashed: list[int] = []
 
         async def copy_then_crash(*args: Any, **kwargs: Any) -> None:
@@ -468,7 +468,7 @@ def test_copies_a_listing_reported_survive_a_crash_of_their_target(listing_syncs
                     if await list_present(args[0], target.address, lid) != "unreachable":
                         break
 
-        worker_module.copy_entries = copy_then_crash
+        worker_job.copy_entries = copy_then_crash
         try:
             victim.lose()
             ar = SimAutorecovery(world, "ar", CONFIG)
@@ -479,7 +479,7 @@ def test_copies_a_listing_reported_survive_a_crash_of_their_target(listing_syncs
                 await asyncio.sleep(0.2)
             await drained(world)
         finally:
-            worker_module.copy_entries = real_copy
+            worker_job.copy_entries = real_copy
         assert crashed and crashed[0] > 0  # copies were deferred, then lost
         worker = ar.service.worker.counters
         assert worker["entries_copied"] >= 2 * 7 and worker["marks_failed"] >= 1, worker

@@ -11,9 +11,10 @@ to a default.
 The objects, one per kind of process, each in the module of its own: ``base.py`` (what they
 share), ``bookie.py`` (``BookieConfig``, ``AutorecoveryConfig`` and the autorecovery keys both
 read), ``client.py`` (``ClientConfig``, ``MetadataConfig``), ``services.py`` (``KafkaConfig``,
-``SparkConfig``). Import them from here.
+``SparkConfig``). Import them from here (and ``ConfigError``, which they raise).
 """
 
+from ..errors import ConfigError
 from .base import GiB, KiB, MiB, check_tls_files, parse_address, set_options
 from .bookie import AutorecoveryConfig, AutorecoverySettings, BookieConfig
 from .client import ClientConfig, MetadataConfig
@@ -24,6 +25,7 @@ __all__ = [
     "AutorecoverySettings",
     "BookieConfig",
     "ClientConfig",
+    "ConfigError",
     "GiB",
     "KafkaConfig",
     "KiB",
