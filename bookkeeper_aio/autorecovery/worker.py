@@ -33,6 +33,9 @@ job records ``attempts``/``last_error`` in the mark and waits ``replication_retr
 (doubling, at most 8 times that) before the next try; a target that did not answer is dropped
 from the plan. Before every commit the worker checks that its lease (hence
 its lock) is alive; a commit racing another worker loses the compare-and-swap and redoes.
+
+The loop (marks, locks, jobs, backoff) is here; one job's steps are ``worker_job.py``
+(``LedgerRestore``, which ``ReplicationWorker`` extends).
 """
 
 from __future__ import annotations
