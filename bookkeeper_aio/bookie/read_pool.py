@@ -22,7 +22,7 @@ behaviour of ``read_threads = 0``. Each read is also a request in flight on its 
 that failed on the loop. :meth:`ReadPool.close` waits for the reads running (each a bounded
 disk read) and drops those not started: the bookie is stopping and their connections close.
 
-The simulator's bookies have no read threads (`read_threads = 0`; their engines answer from
+The simulator's bookies have no read threads (``read_threads = 0``; their engines answer from
 memory anyway).
 """
 
