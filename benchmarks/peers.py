@@ -94,4 +94,9 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
         out["ratio_p50_vs_fsync"] = result["p50_ms"] / result["disk_fsync_p50_ms"]
     if result.get("floor_p50_ms"):
         out["ratio_p50_vs_floor"] = result["p50_ms"] / result["floor_p50_ms"]
+    for suffix in ("", "_inline"):  # the open loop's floor at the same rate (floor --rate)
+        if result.get(f"floor_open{suffix}_p99_ms"):
+            out[f"ratio_p99_vs_floor_open{suffix}"] = (
+                result["p99_ms"] / result[f"floor_open{suffix}_p99_ms"]
+            )
     return out

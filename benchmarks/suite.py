@@ -5,10 +5,12 @@ add at a time through minimal servers: the baseline of the 1-outstanding row), o
 journal on/off, then one local cluster (etcd + 3 bookies) for the client benchmarks (writes at
 1, 128 and 1000 outstanding and an open loop at half the closed-loop rate, tail, reads,
 recovery of 10 ledgers and of one ledger's 10,000 unconfirmed entries, log appends with
-rollovers against ledger writes), then a fresh cluster for writes to 100 ledgers at once (1000
-outstanding), then the cost of metrics and of TLS (``ops``: three clusters written to in turn),
-then the 3-member etcd peer at the same concurrencies. ``--short`` gives each measured phase
-5 s (the whole run takes about two minutes on a 2-vCPU machine); without it, 30 s.
+rollovers against ledger writes), then the floor's open loop at the same rate (the baseline of
+the open-loop row: a journal thread, and inline), then a fresh cluster for writes to 100
+ledgers at once (1000 outstanding), then the cost of metrics and of TLS (``ops``: three
+clusters written to in turn), then the 3-member etcd peer at the same concurrencies.
+``--short`` gives each measured phase 5 s (the whole run takes about four minutes on a 2-vCPU
+machine); without it, 30 s.
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             results["gwq"] = await gwq.measure_gwq(
                 cluster.uri, cluster.bookies, mode_args(writes, argv)
             )
+        # The open loop's floor at its rate, with the journal thread and inline (the cluster
+        # is stopped: its bookies' background writes would share the disk's syncs).
+        rate = results["writes_rate"]["rate"]
+        for key, flags in (("floor_open", []), ("floor_open_inline", ["--inline"])):
+            argv = ["--rate", str(rate), "--duration", d, "--dir", tmp, *flags]
+            results[key] = await floor.run_floor(mode_args(floor, argv), quiet=True)
         # A fresh cluster: the phases above leave RocksDB compactions behind them.
         async with local_cluster(scratch / "many", 3) as cluster:
             argv = [*common, "--outstanding", "1000", "--ledgers", str(MANY_LEDGERS)]
@@ -78,6 +86,10 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
         results["overload"] = await overload.run_overload(mode_args(overload, common), quiet=True)
     # The floor is one add at a time: the baseline of the 1-outstanding row only.
     results["writes_c1"]["floor_p50_ms"] = results["floor"]["p50_ms"]
+    r = results["writes_rate"]
+    r["floor_open_p99_ms"] = results["floor_open"]["p99_ms"]
+    r["floor_open_inline_p99_ms"] = results["floor_open_inline"]["p99_ms"]
+    r.update(ratios(r))
     for n in WRITE_OUTSTANDINGS:
         r = results[f"writes_c{n}"]
         r.update(etcd_fields(etcd[n]))
@@ -136,7 +148,9 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
             note += f", x{r['ratio_p50_vs_floor']:.2f} floor p50"
         rows.append(_row(f"writes E3/WQ3/AQ2, {n} outstanding", r, _with_cpu(note, r)))
     r = results["writes_rate"]
-    note = _with_cpu("latency from intended send", r)
+    note = (f"latency from intended send; x{r['ratio_p99_vs_floor_open']:.2f} the floor's p99 "
+            f"(x{r['ratio_p99_vs_floor_open_inline']:.2f} inline)")  # fmt: skip
+    note = _with_cpu(note, r)
     rows.append(_row(f"writes open loop {r['rate']:g}/s", r, note))
     r = results["writes_many"]
     note = _with_cpu("fresh cluster", r)
@@ -172,6 +186,9 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
         rows.append(_row(f"peer: etcd 3 members, {n} outstanding", r, "aetcd puts"))
     note = "our I/O, no protocol"
     rows.append(_row("peer: floor, 1 add, 3 minimal servers", results["floor"], note))
+    for key, how in (("floor_open", "journal thread"), ("floor_open_inline", "inline")):
+        r = results[key]
+        rows.append(_row(f"peer: floor, open loop {r['rate']:g}/s, {how}", r, note))
     disk = results["disk"]
     rows.append({**_row("peer: disk, 1 entry per fdatasync", {}, ""),
                  "entries/s": disk["disk_fsync_per_s"], "p50_ms": disk["disk_fsync_p50_ms"],

@@ -233,12 +233,33 @@ def test_floor(tmp_path, inline):
     assert result["system"].startswith("floor (inline)" if inline else "floor (journal thread)")
 
 
+@pytest.mark.parametrize("inline", [False, True])
+def test_floor_open_loop(tmp_path, inline):
+    # The open loop sends rate x duration entries after its warm-up, and each one counts only
+    # once its quorum answered it: the sent count, no errors and a timeline per second.
+    flags = ["--inline"] if inline else []
+    result = run_benchmark(
+        tmp_path, "floor", "--rate", "400", "--duration", "1", "--entry-size", "256",
+        "--dir", str(tmp_path), *flags,
+    )  # fmt: skip
+    assert result["operations"] == result["entries"] == 400
+    assert result["errors"] == 0 and result["rate"] == 400
+    assert len(result["timeline"]) == 1 and result["timeline"][0]["ops_per_s"] > 0
+    assert 0 < result["p50_ms"] <= result["p99_ms"]
+
+
 def test_ratios_against_the_floor():
-    # `all` gives only the 1-outstanding row a floor; a row without one gets no such ratio.
+    # `all` gives the 1-outstanding row the floor's p50 and the open-loop row the open-loop
+    # floor's p99s; a row without them gets no such ratio.
     row = {"entries_per_s": 1500.0, "p50_ms": 0.6, "p99_ms": 1.5, "floor_p50_ms": 0.3}
     assert ratios(row) == {"ratio_p50_vs_floor": pytest.approx(2.0)}
     del row["floor_p50_ms"]
     assert ratios(row) == {}
+    row.update(floor_open_p99_ms=0.5, floor_open_inline_p99_ms=0.25)
+    assert ratios(row) == {
+        "ratio_p99_vs_floor_open": pytest.approx(3.0),
+        "ratio_p99_vs_floor_open_inline": pytest.approx(6.0),
+    }
 
 
 def test_rereplication(tmp_path):
