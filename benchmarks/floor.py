@@ -31,11 +31,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import os
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -241,35 +243,60 @@ def _one_at_a_time(latencies: list[float], args: argparse.Namespace) -> dict[str
     }
 
 
+class _Answers(asyncio.Protocol):
+    """A client's connection to one server: ``on_answer(seq)`` for each answer."""
+
+    def __init__(self, on_answer: Callable[[int], None]) -> None:
+        self.on_answer = on_answer
+        self.pending = b""
+
+    def data_received(self, data: bytes) -> None:
+        data = self.pending + data
+        usable = len(data) - len(data) % SEQ_BYTES
+        for i in range(0, usable, SEQ_BYTES):
+            self.on_answer(int.from_bytes(data[i : i + SEQ_BYTES], "little"))
+        self.pending = data[usable:]
+
+
+@contextlib.asynccontextmanager
+async def _connections(
+    ports: list[int], on_answer: Callable[[int], None]
+) -> AsyncIterator[list[asyncio.Transport]]:
+    """One connection to each server, closed on the way out."""
+    loop = asyncio.get_running_loop()
+    transports: list[asyncio.Transport] = []
+    try:
+        for port in ports:
+            transport, _ = await loop.create_connection(
+                lambda: _Answers(on_answer), "127.0.0.1", port
+            )
+            transports.append(transport)
+        yield transports
+    finally:
+        for transport in transports:
+            transport.close()
+
+
+def _message(seq: int, entry_size: int, body: bytes) -> bytes:
+    return seq.to_bytes(SEQ_BYTES, "little") + entry_size.to_bytes(SEQ_BYTES, "little") + body
+
+
 async def _client(ports: list[int], args: argparse.Namespace) -> list[float]:
     loop = asyncio.get_running_loop()
     state: dict[str, Any] = {"seq": -1, "acks": 0, "done": None}
 
-    class Client(asyncio.Protocol):
-        def __init__(self) -> None:
-            self.pending = b""
+    def answered(seq: int) -> None:
+        if seq == state["seq"]:  # answers to earlier adds are ignored
+            state["acks"] += 1
+            done = state["done"]
+            if state["acks"] >= args.ack_quorum and done is not None and not done.done():
+                done.set_result(None)
 
-        def data_received(self, data: bytes) -> None:
-            data = self.pending + data
-            usable = len(data) - len(data) % SEQ_BYTES
-            for i in range(0, usable, SEQ_BYTES):  # answers to earlier adds are ignored
-                if int.from_bytes(data[i : i + SEQ_BYTES], "little") == state["seq"]:
-                    state["acks"] += 1
-                    done = state["done"]
-                    if state["acks"] >= args.ack_quorum and done is not None and not done.done():
-                        done.set_result(None)
-            self.pending = data[usable:]
-
-    transports = []
-    try:
-        for port in ports:
-            transport, _ = await loop.create_connection(Client, "127.0.0.1", port)
-            transports.append(transport)
-        body = os.urandom(args.entry_size - SEQ_BYTES * 2)
-        size = args.entry_size.to_bytes(SEQ_BYTES, "little")
-        latencies: list[float] = []
+    body = os.urandom(args.entry_size - SEQ_BYTES * 2)
+    latencies: list[float] = []
+    async with _connections(ports, answered) as transports:
         for seq in range(args.adds):
-            message = seq.to_bytes(SEQ_BYTES, "little") + size + body
+            message = _message(seq, args.entry_size, body)
             state.update(seq=seq, acks=0, done=loop.create_future())
             start = time.perf_counter()
             for transport in transports:
@@ -277,63 +304,41 @@ async def _client(ports: list[int], args: argparse.Namespace) -> list[float]:
             async with asyncio.timeout(ADD_TIMEOUT_S):
                 await state["done"]
             latencies.append(time.perf_counter() - start)
-    finally:
-        for transport in transports:
-            transport.close()
     return latencies[len(latencies) // 5 :]
 
 
 async def _open_client(ports: list[int], args: argparse.Namespace) -> dict[str, Any]:
     """The open loop of ``writes --rate`` (a warm-up of a fifth of ``--duration``, then the
     measured phase) against the servers; the load's summary, timeline included."""
-    loop = asyncio.get_running_loop()
     waiting: dict[int, list[Any]] = {}  # seq -> [answers so far, done]
 
-    class Client(asyncio.Protocol):
-        def __init__(self) -> None:
-            self.pending = b""
+    def answered(seq: int) -> None:
+        entry = waiting.get(seq)
+        if entry is None:  # its quorum answered already
+            return
+        entry[0] += 1
+        if entry[0] >= args.ack_quorum:
+            del waiting[seq]
+            entry[1](None, None)
 
-        def data_received(self, data: bytes) -> None:
-            data = self.pending + data
-            usable = len(data) - len(data) % SEQ_BYTES
-            for i in range(0, usable, SEQ_BYTES):
-                seq = int.from_bytes(data[i : i + SEQ_BYTES], "little")
-                entry = waiting.get(seq)
-                if entry is None:  # its quorum answered already
-                    continue
-                entry[0] += 1
-                if entry[0] >= args.ack_quorum:
-                    del waiting[seq]
-                    entry[1](None, None)
-            self.pending = data[usable:]
-
-    transports: list[asyncio.Transport] = []
     body = os.urandom(args.entry_size - SEQ_BYTES * 2)
-    size = args.entry_size.to_bytes(SEQ_BYTES, "little")
     seqs = iter(range(1 << 62))
+    async with _connections(ports, answered) as transports:
 
-    def send(done: Done) -> int:
-        seq = next(seqs)
-        message = seq.to_bytes(SEQ_BYTES, "little") + size + body
-        waiting[seq] = [0, done]
-        for transport in transports:
-            transport.write(message)
-        return seq
+        def send(done: Done) -> int:
+            seq = next(seqs)
+            message = _message(seq, args.entry_size, body)
+            waiting[seq] = [0, done]
+            for transport in transports:
+                transport.write(message)
+            return seq
 
-    try:
-        for port in ports:
-            transport, _ = await loop.create_connection(Client, "127.0.0.1", port)
-            transports.append(transport)
-        bound = OPEN_LOOP_OUTSTANDING_MAX
-        timeout = ADD_TIMEOUT_S
+        bound, timeout = OPEN_LOOP_OUTSTANDING_MAX, ADD_TIMEOUT_S
         warmup = args.duration / 5
         await open_loop(send, args.rate, warmup, bound, drain_timeout_s=timeout, callbacks=True)
         load = await open_loop(
             send, args.rate, args.duration, bound, drain_timeout_s=timeout, callbacks=True
         )
-    finally:
-        for transport in transports:
-            transport.close()
     return {"rate": args.rate, "duration_s": args.duration, **load.summary(args.entry_size)}
 
 
