@@ -84,7 +84,7 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
         results["ops"] = await ops.measure_ops(scratch / "ops", mode_args(ops, argv))
         etcd = await etcd_peer(scratch, list(WRITE_OUTSTANDINGS), float(d), 1024)
         results["overload"] = await overload.run_overload(mode_args(overload, common), quiet=True)
-    # The floor is one add at a time: the baseline of the 1-outstanding row only.
+    # The one-add floor is the 1-outstanding row's baseline, the open-loop floor the open loop's.
     results["writes_c1"]["floor_p50_ms"] = results["floor"]["p50_ms"]
     r = results["writes_rate"]
     r["floor_open_p99_ms"] = results["floor_open"]["p99_ms"]
