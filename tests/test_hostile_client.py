@@ -37,6 +37,7 @@ from bookkeeper_aio.protocol import (
     FRAME_HEADER,
     PROTOCOL_VERSION,
     RESPONSE_BIT,
+    AddBatchRequest,
     AddBatchResponse,
     AddRequest,
     AddResponse,
@@ -50,6 +51,7 @@ from bookkeeper_aio.protocol import (
     ReadLacResponse,
     ReadResponse,
     WriteLacResponse,
+    check_add_entries,
     encode,
 )
 from bookkeeper_aio.retry import RetryPolicy
@@ -334,50 +336,76 @@ async def test_an_overloaded_bookie_is_retried_with_backoff_then_replaced(tmp_pa
 
 
 class OverloadedOnce:
-    """A fake bookie that refuses each entry's first copy as overloaded and stores the rest."""
+    """A fake bookie that refuses each entry's first copy as overloaded and stores the rest,
+    sent alone or in an ``AddBatchRequest`` (a writer's retries due in the same loop turn
+    leave together as one)."""
+
+    def __init__(self) -> None:
+        self.added: list[int] = []  # the entry id of each copy it was sent
 
     def __call__(self, msg: Any) -> bytes:
-        if type(msg) is not AddRequest:
-            return encode(ErrorResponse(msg.request_id, StatusCode.IO_ERROR, "no"))
-        seen = [m.entry_id for m in self.requests if type(m) is AddRequest]
-        status = StatusCode.TOO_MANY_REQUESTS if seen.count(msg.entry_id) == 1 else 0
-        return encode(AddResponse(msg.request_id, status, msg.ledger_id, msg.entry_id))
+        if type(msg) is AddRequest:
+            status = self._add(msg.entry_id)
+            return encode(AddResponse(msg.request_id, status, msg.ledger_id, msg.entry_id))
+        if type(msg) is AddBatchRequest:
+            entries = check_add_entries(msg.ledger_id, msg.entries)
+            statuses = [self._add(entry[0]) for entry in entries]
+            first = next((s for s in statuses if s), 0)
+            return encode(AddBatchResponse(msg.request_id, first, msg.ledger_id, statuses))
+        return encode(ErrorResponse(msg.request_id, StatusCode.IO_ERROR, "no"))
 
-    requests: list[Any] = []  # the fake's, set by the test
+    def _add(self, entry_id: int) -> int:
+        self.added.append(entry_id)
+        return StatusCode.TOO_MANY_REQUESTS if self.added.count(entry_id) == 1 else 0
 
 
-@pytest.mark.parametrize("close_at_once", [False, True])
-async def test_a_copy_refused_as_overloaded_is_still_owed_after_the_ack_quorum(
-    tmp_path, close_at_once
-):
+class RetryAt:
+    """An overload retry policy whose retries all fall due at one moment (``at_s``, loop
+    time): they leave in one loop turn."""
+
+    def __init__(self, at_s: float) -> None:
+        self.at_s = at_s
+
+    def delay_s(self, attempt: int, rng: random.Random) -> float | None:
+        return max(0.0, self.at_s - asyncio.get_running_loop().time()) if attempt == 1 else None
+
+
+@pytest.mark.parametrize("retries", ["apart", "together", "after_close"])
+async def test_a_copy_refused_as_overloaded_is_still_owed_after_the_ack_quorum(tmp_path, retries):
     # The bookie refused the copy (TOO_MANY_REQUESTS) before the others acknowledged the add
     # at AQ; its retry then saw the add done and sent nothing, and nothing marked it: the
     # entry kept two copies of three for good, unmarked (found by `benchmarks rereplication`:
     # a ledger short on a live bookie after autorecovery was done). Now the retry writes the
-    # copy, and a writer closed before its retry marks the entry short (BP-31).
+    # copy, and a writer closed before its retry marks the entry short (BP-31). Retries due
+    # in the same loop turn travel as one AddBatchRequest (a loaded machine's timers fire
+    # together, which "together" makes happen; a fake that knew only AddRequest failed the
+    # batch, and the test, in a fresh-clone `make test` of 2026-11-28).
     behaviour = OverloadedOnce()
-    backoff = 5.0 if close_at_once else 0.3  # both longer than the others' acks take
+    backoff = 5.0 if retries == "after_close" else 0.3  # longer than the others' acks take
     config = CONFIG.replace(overload_retry_backoff_s=backoff, overload_retry_backoff_max_s=backoff,
                             overload_retries_max=4)  # fmt: skip
     async with (
         with_fake(tmp_path, behaviour) as (uri, fake, _),
         BookKeeper.connect(uri, config) as bk,
     ):
-        behaviour.requests = fake.requests
         writer = await bk.create_ledger(3, 3, 2, password=b"pw")  # the fake is one of the 3
+        if retries == "together":
+            # after the three appends (a loaded machine's take well under 0.8 s)
+            writer._overload_retry = RetryAt(asyncio.get_running_loop().time() + 0.8)  # type: ignore[assignment]
         async with asyncio.timeout(10):
             assert [await writer.append(b"%d" % i) for i in range(3)] == [0, 1, 2]
-            if not close_at_once:
-                await asyncio.sleep(1.0)  # the retries' backoff (0.15-0.3 s)
+            if retries != "after_close":
+                await asyncio.sleep(1.5)  # the retries' backoff (0.15-0.3 s; together: 0.8)
             await writer.close()
-        added = [m.entry_id for m in fake.requests if type(m) is AddRequest]
         marks = [m async for m in list_marks(bk.ctx.metadata)]
-        if close_at_once:
-            assert added == [0, 1, 2]
+        if retries == "after_close":
+            assert behaviour.added == [0, 1, 2]
             ((missing,),) = [m.value.missing for m in marks]
             assert (missing.bookie, missing.entries) == (fake.address, ((0, 2),))
         else:
-            assert sorted(added) == [0, 0, 1, 1, 2, 2] and marks == []
+            assert sorted(behaviour.added) == [0, 0, 1, 1, 2, 2] and marks == []
+        if retries == "together":  # the three retries went as one request
+            assert sum(type(m) is AddBatchRequest for m in fake.requests) == 1
 
 
 def test_the_retry_policy_backs_off_with_jitter_and_ends():
