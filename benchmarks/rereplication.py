@@ -24,9 +24,10 @@ bookie (kill -9) and starts an autorecovery process (``lost_bookie_recovery_dela
   checkpoint interval after the restore (so that what the copies left in memtables is flushed
   and counted), per byte copied: the targets' write amplification;
 * with ``--writer-rate R``: a writer appending 1 KiB entries at R/s (open loop, latency from the
-  intended send time) to a new ledger for 5 s before the kill (``writer_quiet_*``) and, on the
-  live bookies (the copies' targets), from the first mark to the restore (``writer_copy_*``):
-  what a service writing beside the copy sees, and ``writer_p99_ratio_vs_quiet``.
+  intended send time) to a new ledger for ``--writer-quiet`` seconds (5) before the kill
+  (``writer_quiet_*``) and, on the live bookies (the copies' targets), from the first mark to
+  the restore (``writer_copy_*``): what a service writing beside the copy sees, and
+  ``writer_p99_ratio_vs_quiet``.
 
 The bookies and the copier share this machine's two cores and one disk: every copied byte is
 read from one bookie, sent to another and written to RocksDB there, not to its journal (deferred
@@ -75,6 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of the disk-limit measurement")  # fmt: skip
     p.add_argument("--writer-rate", type=float, default=0.0, metavar="R",
                    help="entries/s of a writer beside the copy (0: none)")  # fmt: skip
+    p.add_argument("--writer-quiet", type=float, default=5.0, metavar="S",
+                   help="seconds of that writer before the kill, its baseline")  # fmt: skip
     p.add_argument("--dir", metavar="DIR", help="where the cluster writes (tmp)")
     p.add_argument("--json", metavar="PATH", help="write the results here")
 
@@ -133,7 +136,9 @@ async def _measure(cluster: Any, root: Path, args: argparse.Namespace) -> dict[s
         if fill_marks:
             print(f"warning: the fill left {fill_marks} ledgers marked under-replicated; "
                   "detect_s and copy_s include them")  # fmt: skip
-        quiet = await _foreground(bk, args.writer_rate, 5.0) if args.writer_rate else []
+        quiet = (
+            await _foreground(bk, args.writer_rate, args.writer_quiet) if args.writer_rate else []
+        )
         victim.kill()
         killed = time.monotonic()
         live = [b.proc.pid for b in cluster.bookies if b is not victim and b.proc is not None]

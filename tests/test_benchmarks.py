@@ -266,7 +266,7 @@ def test_rereplication(tmp_path):
     out = tmp_path / "rereplication.json"
     cmd = [sys.executable, "-m", "benchmarks", "rereplication", "--gib", "0.01",
            "--entry-size", "65536", "--duration", "0.3", "--dir", str(tmp_path),
-           "--bookie-set", "checkpoint_interval_s=1", "--writer-rate", "200",
+           "--bookie-set", "checkpoint_interval_s=1", "--writer-rate", "200", "--writer-quiet", "1",
            "--json", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-3000:]}"
