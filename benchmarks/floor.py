@@ -74,8 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def serve(directory: str, inline: bool) -> None:
-    """Listen on an ephemeral loopback port (printed on stdout), append and sync each message,
-    answer with its first ``SEQ_BYTES``; until stdin closes."""
+    """Listen on an ephemeral loopback port (printed on stdout), append and sync the messages
+    in groups (module docstring), answer each with its first ``SEQ_BYTES``; until stdin
+    closes."""
     import uvloop
 
     from bookkeeper_aio.config import BookieConfig
