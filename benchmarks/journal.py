@@ -10,7 +10,7 @@ benchmark of ``python -m benchmarks bookie`` runs for ``--duration``; then the b
 for the next checkpoint (the engine's sync) so that what the adds left in memory reaches the
 files. Bytes written are the bookie process's ``write_bytes`` (less ``cancelled_write_bytes``)
 in ``/proc/PID/io`` from before the warm-up to then, per entry added meanwhile: every thread,
-RocksDB's included (journal records, the journal's zero-filled preallocation of new files,
+RocksDB's included (journal records, any zeros preallocating new journal files,
 RocksDB's WAL when there is no journal, memtable flushes and compactions), counted when pages
 are dirtied. Memtable flushes or compactions that fall after the window are not
 counted; both variants use the same window. (The growth of the bookie's dirs says little: a

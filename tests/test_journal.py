@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import os
 import time
 
@@ -204,6 +206,78 @@ async def test_write_failure_is_fail_stop(tmp_path, monkeypatch):
     assert len(failures) == 1 and j.failed is not None
     with pytest.raises(JournalFailedError):
         j.append(REC_ENTRY, b"c", lambda exc: None)
+    monkeypatch.undo()
+    await j.close()
+    assert replayed(tmp_path)[0] == (REC_ENTRY, b"ok")
+
+
+def _tail_after(path, records) -> bytes:
+    """The bytes of a journal file after ``records`` (its only ones)."""
+    end = FILE_HEADER.size + sum(len(encode_record(1, t, b)) for t, b in records)
+    return path.read_bytes()[end:]
+
+
+@pytest.mark.parametrize("mode", ["fallocate", "zeros"])
+async def test_new_files_are_preallocated_as_configured(tmp_path, monkeypatch, mode):
+    allocated = {"fallocate": 0, "zeros": 0}
+    real_fallocate, real_zeros = os.posix_fallocate, journal_files.write_zeros
+
+    def fallocate(fd, offset, length):
+        allocated["fallocate"] += length
+        real_fallocate(fd, offset, length)
+
+    def zeros(fd, start, end):
+        allocated["zeros"] += end - start
+        real_zeros(fd, start, end)
+
+    monkeypatch.setattr(journal_files.os, "posix_fallocate", fallocate)
+    monkeypatch.setattr(journal_files, "write_zeros", zeros)
+    j = Journal(tmp_path, config(journal_preallocate_mode=mode))
+    await j.start()
+    records = [(REC_ENTRY, os.urandom(10 * KiB)) for _ in range(200)]
+    await append_all(j, records)
+    await j.close()
+    other = "zeros" if mode == "fallocate" else "fallocate"
+    assert allocated[mode] >= 2000 * KiB and allocated[other] == 0, allocated
+    # What is allocated past the records reads as zeros either way (replay stops there).
+    (path,) = [p for _, p in list_files(tmp_path)]
+    tail = _tail_after(path, records)
+    assert len(tail) >= 32 * KiB and tail == bytes(len(tail))
+    assert replayed(tmp_path) == records
+
+
+async def test_a_file_system_refusing_fallocate_gets_zeros(tmp_path, monkeypatch, caplog):
+    def refused(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(journal_files.os, "posix_fallocate", refused)
+    j = Journal(tmp_path, config())
+    await j.start()
+    records = [(REC_ENTRY, os.urandom(10 * KiB)) for _ in range(100)]
+    with caplog.at_level(logging.WARNING, logger="bookkeeper_aio.bookie.journal_files"):
+        assert await append_all(j, records) == [None] * 100
+    await j.close()
+    refusals = [r for r in caplog.records if "refuses fallocate" in r.getMessage()]
+    assert len(refusals) == 1  # once, then zeros without asking again
+    (path,) = [p for _, p in list_files(tmp_path)]
+    tail = _tail_after(path, records)
+    assert len(tail) >= 32 * KiB and tail == bytes(len(tail))
+    assert replayed(tmp_path) == records
+
+
+async def test_a_full_disk_at_preallocation_is_fail_stop(tmp_path, monkeypatch):
+    failures: list[BaseException] = []
+    j = Journal(tmp_path, config(), on_failure=failures.append)
+    await j.start()
+    assert await append_all(j, [(REC_ENTRY, b"ok")]) == [None]
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal_files.os, "posix_fallocate", full)
+    results = await append_all(j, [(REC_ENTRY, os.urandom(10 * KiB)) for _ in range(20)])
+    assert any(isinstance(r, JournalFailedError) for r in results), results
+    assert len(failures) == 1 and j.failed is not None
     monkeypatch.undo()
     await j.close()
     assert replayed(tmp_path)[0] == (REC_ENTRY, b"ok")

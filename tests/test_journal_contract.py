@@ -94,10 +94,12 @@ class Harness:
 
 
 class RealHarness(Harness):
-    """The bookie's :class:`Journal` on ``tmp_path``: real files, real fdatasync."""
+    """The bookie's :class:`Journal` on ``tmp_path``: real files, real fdatasync; new files
+    preallocated by ``preallocate`` (``journal_preallocate_mode``)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, preallocate: str) -> None:
         self.directory = directory
+        self.preallocate = preallocate
         self._gate = threading.Event()
         self._gate.set()
         self._entered = threading.Event()
@@ -119,6 +121,7 @@ class RealHarness(Harness):
         on_pressure: Callable[[bool], None] | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> AnyJournal:
+        cfg = cfg.replace(journal_preallocate_mode=self.preallocate)
         journal = Journal(self.directory, cfg, on_pressure=on_pressure, on_failure=on_failure)
         list(journal.replay())
         await journal.start()
@@ -157,7 +160,7 @@ class RealHarness(Harness):
         # A child process appends and SIGKILLs itself: what its journal made durable (and the
         # page cache holds) is what a restart finds.
         script = CRASH_CHILD.format(directory=str(self.directory), acked_min=acked_min,
-                                    count=count, seed=seed)  # fmt: skip
+                                    count=count, seed=seed, mode=self.preallocate)  # fmt: skip
         done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                               timeout=60, text=True)  # fmt: skip
         assert done.returncode == -9, done.stderr
@@ -173,7 +176,7 @@ from tests.test_journal_contract import records_of
 async def main():
     j = Journal({directory!r}, BookieConfig(journal_preallocate_bytes=1 << 16,
                 journal_file_bytes_max=6 << 20, frame_bytes_max=1 << 20,
-                journal_batch_bytes_max=1 << 16))
+                journal_batch_bytes_max=1 << 16, journal_preallocate_mode={mode!r}))
     list(j.replay())
     await j.start()
     acked = []
@@ -270,9 +273,12 @@ async def until(condition: Callable[[], bool], deadline_s: float = 10.0) -> None
             await asyncio.sleep(0.001)
 
 
-@pytest.fixture(params=["real", "sim"])
+@pytest.fixture(params=["real", "real-zeros", "sim"])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    yield RealHarness(tmp_path) if request.param == "real" else SimHarness()
+    if request.param == "sim":
+        yield SimHarness()
+    else:  # the default preallocation (fallocate) and real zeros
+        yield RealHarness(tmp_path, "zeros" if request.param == "real-zeros" else "fallocate")
 
 
 def records_of(count: int, seed: int = 1) -> Records:

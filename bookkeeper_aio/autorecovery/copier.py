@@ -19,14 +19,15 @@ Why batches, in order (docs/performance.md at 909bfe3, ``rereplication``): one r
 cost the target a frame, a journal record and an answer per entry, and, the copies landing out of
 order, its engine stored most of them under per-entry keys, whose flushed SSTs overlap and get
 compacted: the target's disk wrote ~6x the bytes copied. Batches of ascending ids above what the
-target holds are stored as one batch record each (~3x: journal, its zero-fill, the flush).
+target holds are stored as one batch record each (~3x: journal, its zero-fill, the flush; ~2x
+since the journal fallocates instead of writing zeros).
 
 With ``deferred_sync`` (autorecovery's copies; not a rewrite of a corrupt copy, whose old
 bytes a crash would bring back under the same id) the batches also carry
 ``ADD_FLAG_DEFERRED_SYNC``: the target stores them without its journal and answers at once; they
 are durable once a listing of the ledger on the target answered (bookie/deferred.py), which the
 worker makes before it relies on them. A copied byte then costs the target one write (its
-engine's) instead of ~2.7 (journal, zero-fill, engine).
+engine's) instead of ~2.7 at the time (journal, zero-fill, engine; ~1.7 without the zero-fill).
 
 Each batch's answer has a status per entry: the entries answered OK are stored (and counted);
 the first entry refused fails the copy. Every write is idempotent (same bytes), so a copy

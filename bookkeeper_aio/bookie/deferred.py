@@ -5,7 +5,8 @@ Theory of operation
 -------------------
 A copy journaled like a writer's add cost its target the copied bytes ~2.7 times on disk: the
 journal record, the zero-fill ahead of a fresh journal file, then the engine's memtable flush
-(docs/performance.md at 909bfe3, ``rereplication``); and its fdatasyncs queued behind the writers'
+(docs/performance.md at 909bfe3, ``rereplication``; the journal now fallocates instead of the
+zero-fill, which leaves ~1.7 times); and its fdatasyncs queued behind the writers'
 on the same journal. A copy needs none of that to be safe, because nothing relies on it until a
 worker has *listed* it: the worker swaps the target into the ledger's ensemble, or deletes the mark,
 only after a listing of the target found the copies (autorecovery/worker.py). So:

@@ -20,7 +20,7 @@ durable reports pressure (``on_pressure(True)``) so the bookie stops reading req
 drains below half.
 
 Threads: the event loop owns the callbacks, the byte count and the failure state; the journal
-thread owns the file (descriptor, sequence number, position, zero-filled end). They meet in
+thread owns the file (descriptor, sequence number, position, allocated end). They meet in
 two deques, each with an eventfd that wakes its reader (records, loop to thread: written only
 when the thread sleeps; written batches, thread to loop: an ``add_reader`` callback), and in
 the checkpoint mark ``(seq, pos)``, which the thread replaces as one tuple after each write.
@@ -135,7 +135,9 @@ class Journal(JournalFiles):
         self._file: BlockWriter | None = None  # writes self._fd in whole blocks
         self._seq = 0
         self._pos = 0  # write position in the current file
-        self._allocated = 0  # bytes of the current file known to be zero-filled
+        self._allocated = 0  # bytes of the current file allocated (written or fallocated)
+        # Preallocate with fallocate (journal_preallocate_mode); off once the fs refused it.
+        self._fallocate = config.journal_preallocate_mode == "fallocate"
         self._broken: BaseException | None = None  # the write error; nothing is written after
         # Written by the thread after each write, read by checkpoints: every record before it
         # was applied to the engine before it was appended.
