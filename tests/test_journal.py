@@ -236,6 +236,7 @@ async def test_new_files_are_preallocated_as_configured(tmp_path, monkeypatch, m
     await j.start()
     records = [(REC_ENTRY, os.urandom(10 * KiB)) for _ in range(200)]
     await append_all(j, records)
+    assert j.statistics()["fallocate"] == (mode == "fallocate")
     await j.close()
     other = "zeros" if mode == "fallocate" else "fallocate"
     assert allocated[mode] >= 2000 * KiB and allocated[other] == 0, allocated
@@ -256,6 +257,7 @@ async def test_a_file_system_refusing_fallocate_gets_zeros(tmp_path, monkeypatch
     records = [(REC_ENTRY, os.urandom(10 * KiB)) for _ in range(100)]
     with caplog.at_level(logging.WARNING, logger="bookkeeper_aio.bookie.journal_files"):
         assert await append_all(j, records) == [None] * 100
+    assert j.statistics()["fallocate"] == 0
     await j.close()
     refusals = [r for r in caplog.records if "refuses fallocate" in r.getMessage()]
     assert len(refusals) == 1  # once, then zeros without asking again

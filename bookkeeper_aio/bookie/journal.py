@@ -375,6 +375,7 @@ class Journal(JournalFiles):
         stats["queued_bytes"] = self._queued_bytes
         stats["queued_records"] = len(self._records)
         stats["file_seq"] = self._mark[0]
+        stats["fallocate"] = int(self._fallocate)  # 0: zeros (configured, or the fs refused)
         batches = self._stats["batches"]
         stats["records_per_batch"] = self._stats["records"] / batches if batches else 0.0
         return stats
