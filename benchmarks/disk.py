@@ -2,8 +2,9 @@
 
 :func:`group_commit_limit`: what a journal could do with no protocol, no Python request handling
 and no network: append ``batch_bytes`` then fdatasync, in a preallocated file, like the journal
-does. :func:`copy_limit`: what a re-replication could do: read data the page cache does not
-hold and write it to another file, synced.
+does once its files are recycled (written blocks, overwritten). :func:`copy_limit`: what a
+re-replication could do: read data the page cache does not hold and write it to another file,
+synced.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def group_commit_limit(
     prealloc = 64 * 1024 * 1024
     fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
     try:
-        # Real zeros, like the journal's preallocation: fdatasync then has no extent to convert.
+        # Real zeros, as in a journal file recycled by a checkpoint (a bookie's steady state):
+        # fdatasync then has no extent to convert. New blocks (a fresh bookie's fallocated
+        # journal, its engine's new files) are slower on some disks: ~190 MB/s against ~475
+        # on the benchmarks' VM (docs/performance.md, "The journal's preallocation").
         zeros = bytes(1 << 20)
         for i in range(prealloc >> 20):
             os.pwrite(fd, zeros, i << 20)
