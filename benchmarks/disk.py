@@ -2,7 +2,9 @@
 
 :func:`group_commit_limit`: what a journal could do with no protocol, no Python request handling
 and no network: append ``batch_bytes`` then fdatasync, in a preallocated file, like the journal
-does once its files are recycled (written blocks, overwritten). :func:`copy_limit`: what a
+does once its files are recycled (written blocks, overwritten). :func:`new_blocks_limit`: what
+the disk writes into blocks never written before, as three fresh bookies' journals and engines
+do: several streams appending with fdatasync to new fallocated files. :func:`copy_limit`: what a
 re-replication could do: read data the page cache does not hold and write it to another file,
 synced.
 """
@@ -63,6 +65,65 @@ def group_commit_limit(
         "fsyncs_per_s": batches / elapsed,
         "entries_per_s": batches * (batch_bytes / entry_bytes) / elapsed,
         **latency_summary(latencies),
+    }
+
+
+_STEP_BYTES = 1 << 20  # new_blocks_limit: fallocated ahead a step at a time, as the journal
+
+
+def new_blocks_limit(
+    directory: Path, batch_bytes: int, duration_s: float, streams: int = 3
+) -> dict[str, float]:
+    """MB/s (10**6 bytes) that ``streams`` threads write together, each appending
+    ``batch_bytes`` then fdatasync to a new file whose blocks it fallocates a step ahead (as a
+    fresh bookie's journal does; O_DIRECT where the fs allows): the disk's rate for blocks
+    never written before. Three bookies on one disk each write every entry twice (journal and
+    engine), so their bytes against this say how near the disk a closed loop is."""
+    os.sync()
+    buffer = mmap.mmap(-1, batch_bytes)  # page-aligned, as O_DIRECT needs
+    buffer.write(os.urandom(batch_bytes))
+    batches = [0] * streams
+    latencies: list[list[float]] = [[] for _ in range(streams)]
+    failed: list[BaseException] = []
+    deadline = time.perf_counter() + duration_s
+
+    def append(i: int) -> None:
+        path = Path(directory) / f"disk-new-blocks-{i}.bin"
+        try:
+            fd, _ = open_file(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+            try:
+                allocated = offset = 0
+                while time.perf_counter() < deadline:
+                    while offset + batch_bytes > allocated:
+                        os.posix_fallocate(fd, allocated, _STEP_BYTES)
+                        allocated += _STEP_BYTES
+                    t0 = time.perf_counter()
+                    os.pwrite(fd, buffer, offset)
+                    os.fdatasync(fd)
+                    latencies[i].append(time.perf_counter() - t0)
+                    offset += batch_bytes
+                    batches[i] += 1
+            finally:
+                os.close(fd)
+                path.unlink(missing_ok=True)
+        except BaseException as exc:  # raised below, in the caller's thread
+            failed.append(exc)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=append, args=(i,)) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+    buffer.close()
+    if failed:
+        raise RuntimeError(f"new_blocks_limit failed: {failed[0]!r}") from failed[0]
+    return {
+        "streams": streams,
+        "batch_bytes": batch_bytes,
+        "mb_per_s": sum(batches) * batch_bytes / elapsed / 1e6,
+        **latency_summary([t for stream in latencies for t in stream]),
     }
 
 

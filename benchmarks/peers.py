@@ -23,7 +23,7 @@ import aetcd
 from bookkeeper_aio.config import BookieConfig
 from bookkeeper_aio.etcd_server import EtcdServer
 
-from .disk import group_commit_limit
+from .disk import group_commit_limit, new_blocks_limit
 from .load import closed_loop
 
 ETCD_MEMBERS = 3
@@ -68,12 +68,15 @@ def etcd_fields(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def disk_limits(directory: Path, entry_bytes: int, duration_s: float) -> dict[str, Any]:
-    """One entry per fdatasync (the latency floor) and journal-sized groups (the throughput
-    ceiling: ``journal_batch_bytes_max`` per fdatasync)."""
+    """One entry per fdatasync (the latency floor), journal-sized groups (the throughput
+    ceiling: ``journal_batch_bytes_max`` per fdatasync, into written blocks) and the same
+    groups from three streams into new blocks (a fresh cluster's bytes)."""
     batch = BookieConfig().journal_batch_bytes_max
     single = group_commit_limit(directory, entry_bytes, duration_s, entry_bytes)
     grouped = group_commit_limit(directory, batch, duration_s, entry_bytes)
+    fresh = new_blocks_limit(directory, batch, duration_s)
     return {
+        "disk_new_blocks_mb_per_s": fresh["mb_per_s"],
         "disk_group_commit_entries_per_s": grouped["entries_per_s"],
         "disk_group_commit_batch_bytes": batch,
         "disk_group_commit_p50_ms": grouped["p50_ms"],
@@ -92,6 +95,10 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
     if result.get("disk_group_commit_entries_per_s"):
         out["ratio_vs_disk"] = result["entries_per_s"] / result["disk_group_commit_entries_per_s"]
         out["ratio_p50_vs_fsync"] = result["p50_ms"] / result["disk_fsync_p50_ms"]
+    if result.get("disk_new_blocks_mb_per_s") and result.get("write_quorum"):
+        # Each of the write quorum's bookies writes the payload twice: journal and engine.
+        written = 2 * result["write_quorum"] * result["mb_per_s"]
+        out["ratio_bytes_vs_disk_new_blocks"] = written / result["disk_new_blocks_mb_per_s"]
     if result.get("floor_p50_ms"):
         out["ratio_p50_vs_floor"] = result["p50_ms"] / result["floor_p50_ms"]
     for suffix in ("", "_inline"):  # the open loop's floor at the same rate (floor --rate)

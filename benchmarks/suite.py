@@ -146,6 +146,8 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
         note = f"x{r['ratio_vs_etcd']:.2f} etcd rate, x{r['ratio_p99_vs_etcd']:.2f} etcd p99"
         if "ratio_p50_vs_floor" in r:
             note += f", x{r['ratio_p50_vs_floor']:.2f} floor p50"
+        if n == max(WRITE_OUTSTANDINGS) and "ratio_bytes_vs_disk_new_blocks" in r:
+            note += f", x{r['ratio_bytes_vs_disk_new_blocks']:.2f} disk new-block bytes"
         rows.append(_row(f"writes E3/WQ3/AQ2, {n} outstanding", r, _with_cpu(note, r)))
     r = results["writes_rate"]
     note = (f"latency from intended send; x{r['ratio_p99_vs_floor_open']:.2f} the floor's p99 "
@@ -196,6 +198,8 @@ def print_summary(results: dict[str, Any], short: bool) -> None:
     rows.append({**_row("peer: disk, group commit", {}, "512 KiB per fdatasync"),
                  "entries/s": disk["disk_group_commit_entries_per_s"],
                  "p50_ms": disk["disk_group_commit_p50_ms"]})  # fmt: skip
+    rows.append({**_row("peer: disk, new blocks", {}, "3 streams, 512 KiB per fdatasync"),
+                 "MB/s": disk["disk_new_blocks_mb_per_s"]})  # fmt: skip
     length = "short (5 s phases)" if short else "30 s phases"
     print_table(f"benchmarks, 1 KiB entries, fdatasync before every ack, {length}", rows)
     print(f"total {results['elapsed_s']:.0f} s; python {results['python']}")

@@ -224,10 +224,13 @@ def print_writes(result: dict[str, Any], args: argparse.Namespace) -> None:
         rows.append(_row("disk, group commit (limit)", {
             "entries_per_s": result["disk_group_commit_entries_per_s"],
             "p50_ms": result["disk_group_commit_p50_ms"]}))  # fmt: skip
+        rows.append(_row("disk, new blocks, 3 streams", {
+            "mb_per_s": result["disk_new_blocks_mb_per_s"]}))  # fmt: skip
     print_table(f"writes: {args.entry_size} B entries, {load}, {args.ledgers} ledger(s)", rows)
     if result.get("errors"):
         print(f"errors: {result['errors']} (first: {result['first_error']})")
-    for key in ("ratio_vs_etcd", "ratio_p99_vs_etcd", "ratio_vs_disk", "ratio_p50_vs_fsync"):
+    for key in ("ratio_vs_etcd", "ratio_p99_vs_etcd", "ratio_vs_disk", "ratio_p50_vs_fsync",
+                "ratio_bytes_vs_disk_new_blocks"):  # fmt: skip
         if key in result:
             print(f"{key}: {result[key]:.3f}")
     if "client_cpu_us_per_entry" in result:

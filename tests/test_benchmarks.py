@@ -58,8 +58,11 @@ def test_writes_with_peers(tmp_path):
         tmp_path, "writes", *TINY, "--outstanding", "8", "--engine", "memory",
         "--peers", "--peer-duration", "0.5", "--dir", str(tmp_path),
     )  # fmt: skip
-    peer_keys = {"etcd_puts_per_s", "etcd_p99_ms", "disk_group_commit_entries_per_s"}
-    assert peer_keys | {"ratio_vs_etcd", "ratio_vs_disk"} <= set(result)
+    peer_keys = {"etcd_puts_per_s", "etcd_p99_ms", "disk_group_commit_entries_per_s",
+                 "disk_new_blocks_mb_per_s"}  # fmt: skip
+    ratio_keys = {"ratio_vs_etcd", "ratio_vs_disk", "ratio_bytes_vs_disk_new_blocks"}
+    assert peer_keys | ratio_keys <= set(result)
+    assert result["disk_new_blocks_mb_per_s"] > 0
     assert result["etcd_puts_per_s"] > 0 and result["errors"] == 0
     assert "cpu_probe_ms" in result  # None when the phase ended before the probe's first run
     # The CPU per entry of the bookies it started (/proc ticks of 10 ms: thousands of adds
