@@ -9,9 +9,10 @@ sequence number) followed by records::
 
 ``length`` counts type + body. ``checksum`` is XXH3_64 of type + body, seeded with the file's
 sequence number, so a record copied from another file (or left over from a recycled one) never
-validates. New files are preallocated with zeros, so a zero length means "end of data"; a
-recycled file (``recycled-<old seq>.log``, renamed to its new name once its new header is
-durable) still holds its old records, which fail the checksum. A scan stops at the first record
+validates. New files are preallocated with blocks that read as zeros (fallocated, or zeros
+written), so a zero length means "end of data"; a recycled file (``recycled-<old seq>.log``,
+renamed to its new name once its new header is durable) still holds its old records, which
+fail the checksum. A scan stops at the first record
 that is zero, runs past the end of the file, or fails its checksum: after a crash the tail of
 the last file may be torn, and a torn record was never acknowledged.
 """

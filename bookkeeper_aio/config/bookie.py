@@ -133,7 +133,8 @@ class BookieConfig(AutorecoverySettings):
     # Journal files opened O_DIRECT (not through the page cache) where the fs supports it.
     journal_direct_io: bool = True
     # Journal files a checkpoint retires but keeps for reuse: overwriting blocks a file already
-    # has skips the zero-fill, half of a journal's writes to the disk. 0: delete them.
+    # has written needs no preallocation (no zeros written, no conversions to commit). 0:
+    # delete them.
     journal_recycle_files: int = 2
 
     # Checkpoint: sync the engine, then drop journal files it covers.
