@@ -2,117 +2,47 @@
 
 Theory of operation
 -------------------
-One RocksDB in raw mode, in column families: the ledger infos (``infos``), batches of entries
-(the default family, and ``copies`` for recovery adds), entries under keys of their own
-(``singles``) and every batch key again (``batches``). Their keys and values, and the seeks
-that read them back, are in engines/rocksdb_keys.py; opening the DB and the options of its
-families (memtables, level 0, paced writes, blob files) in engines/rocksdb_options.py.
+One RocksDB per ledger dir, in raw mode, in column families (their keys and the seeks that read
+them back: engines/rocksdb_keys.py; the options: engines/rocksdb_options.py): ledger infos
+(``infos``), batches of a writer's entries (the default family), batches of recovery adds
+(``copies``, with blob files), entries under keys of their own (``singles``) and every batch
+key again with its entry count (``batches``). docs/engines.md §3 has why each family exists,
+with the runs behind it.
 
-Why batches: a key costs the event loop ~0.8 µs of RocksDB work (the ``WriteBatch.put`` call and
-the memtable's skiplist insert) whatever its value's size, and a bookie takes up to ~256 entries
-per add request: one key per call took that work from ~1.0 to ~0.2 µs per 1 KiB entry
-(docs/performance.md at e27bdd3, seventh round). A call's entries become a batch when their ids
-ascend and all lie above the ledger's last stored entry, which is how a writer's adds arrive:
-batches then never overlap, so the one batch that may hold entry *e* is the one with the
-greatest first id <= *e* (one ``seek_for_prev``; its id range is in the key, so a miss reads no
-value). Anything else — an entry at or below the last one stored (a re-sent add, a recovery's
-re-write, the journal's replay of what the engine already has), ids out of order — goes under an
-entry key. Reads try the entry key first: it was written after any batch holding the same id, so
-it is the newest copy. Reads keep the last few batches they parsed (``batch_cache_bytes``, at
-most ``_PARSED_COUNT_MAX`` of them), so reading a batch's entries one by one parses it once.
+Writes: the entries of one ``put_entries`` call become one batch (one key) when their ids
+ascend above the ledger's last stored entry, how a writer's adds arrive; batches then never
+overlap, so the one batch that may hold entry *e* is the one with the greatest first id <= *e*.
+Anything else (a re-sent add, a recovery's write-back, the journal's replay) goes under entry
+keys, which reads try first: written later, they are the newest copy. Writes are staged in one
+``WriteBatch`` that reaches the DB at the end of each call with the WAL, or after
+``write_behind_bytes`` without it; every read, ``sync()``, ``put_ledger`` and ``delete_ledger``
+write it first under the lock, so reads need nothing but the DB. Autorecovery's deferred copies
+may instead go into SST files ingested at ``sync()`` (engines/copy_files.py), their index keys
+written only once their payloads are in the DB.
 
-Why infos apart: a memtable flush of a ledger's new batches then makes an SST whose keys lie
-after every older SST's of that ledger, which RocksDB moves down the levels without rewriting
-it. An info flushed with them made that SST span every key in between: with infos after the
-entries (``b"l"``, until 2026-11) every flush overlapped the SST holding the info (7 % of a
-bookie's CPU at 50k adds/s); with infos before them (``b"L"`` in the same family, until
-2026-11-23) a new ledger's first flush overlapped every batch of every ledger with a smaller
-id, so each new ledger compacted older ones (docs/performance.md at e27bdd3, seventh round).
-A dir with ``b"L"`` infos in the default family has them moved on open.
+Reads never position on a value they do not need (a block holding a 4 MiB entry made a lookup
+of an absent id next to it ~0.7 ms): an id past the ledger's cached last entry is absent
+without a read; the batch that may hold an id is found in ``batches`` (keys only) and its
+value read by its exact key; absent entry keys are answered by a Bloom filter. Reads may run in
+several threads (``can_read_now``, bookie/read_pool.py): a read finds its batch under the lock
+and reads the value outside it, without the GIL. Parsed batches and which batches are still in
+a memtable are kept in memory (engines/rocksdb_memory.py).
 
-Why entry keys apart (since 2026-11-27): among the batches they sorted after every batch key, so
-an SST holding one spanned from its batches to it, over every batch key a later ledger would
-ever get; once such an SST sat in the last level every flush overlapped it and compacted its
-megabytes again (one re-sent add in a bookie filled with 480 MiB: 269 MiB of compaction against
-none; a bookie filled with 1 GiB then re-replicated at a third of the speed). They come from
-re-sent adds, recoveries' write-backs and journal replays, so few, but every bookie gets some.
-A dir with entry keys in the default family has them moved on open (``_move_singles``).
+Durability: ``sync()`` with the WAL is ``flush_wal(True)`` (RocksDB replays it in point-in-time
+mode: a lost write is absent, a present one whole). Without it (``wal=False``: a bookie whose
+journal holds every write, so the journal is the write-ahead log) ``sync()`` flushes every
+family's memtable into SSTs, and after a crash the journal's replay puts back what was lost.
+Both release the GIL while they write and fsync.
 
-Lookups never position on a value they do not need: RocksDB reads the whole data block a key
-lands in, and a block holding a 4 MiB entry took a lookup of an absent id next to it from ~10
-µs to ~0.7 ms (8,000 long-poll expiries then blocked a bookie's loop for seconds). So:
-
-* an id past the ledger's last entry (a tailer's or a long poll's next entry, recovery's probe
-  past the end) is absent without a read: ``last_entry_id`` is cached;
-* every batch key is also written, with its number of entries as the only value, to the
-  column family ``batches`` (``BATCHES_CF``): the batch that may hold an id is found there, and
-  its value is then read by its exact key only when its id range covers the id; listing a
-  ledger's ids reads no value of a batch whose count fills its id range (a dir written
-  before the counts has empty values there: its batches are listed from their values);
-* the entries' column family has a Bloom filter, so the point lookup of an absent entry key
-  (a ledger with entry keys checks them first on every read) skips the data blocks.
-
-A dir written before the ``batches`` family existed gets its batch keys copied there on open
-(one pass over the batches, then a marker key; synced).
-
-Why copies apart: the batches of recovery adds (``put_entries(..., recovery=True)``: the copies
-autorecovery makes, a recovery's write-back) go to the column family ``copies``
-(``COPIES_CF``), with blob files, and their index entry in ``batches`` says so (a suffix after
-the count). A bookie that takes copies already holds SSTs over the copied ledgers' key range
-(its own ledgers, written at the same time), so in the entries' family every flush of copies
-overlapped them and compaction rewrote megabytes of payload again and again: re-replicating 1
-GiB ran at 18-24 MB/s, the target's disk busy compacting. In ``copies`` the payloads go to
-blob files at flush and compactions move keys and ~30-byte references only. A blob file holds
-the copies of the few ledgers copied at the same time, so a deleted ledger's payloads may share
-files with live ones: blob garbage collection is on there (a compaction moves the live payloads
-of the oldest quarter of the blob files it meets, and such files past half garbage are compacted
-for it), and ``reclaim_space`` moves every live payload once less than ``live_ratio_min`` of the
-family's blob bytes is live (BookKeeper's compaction threshold for entry logs).
-Writers' adds stay in the entries' family, where one ledger's SSTs only move down the levels
-(blob files there cost one ledger 4-8 %: ``blob_files``).
-Deferred-sync copies (``put_entries(..., deferred=True)``, autorecovery's) reach ``copies``
-another way when ``copy_file_bytes`` is set: written into SST files of their own and ingested
-at ``sync()``, they skip the memtables and the flushes' pacing (engines/copy_files.py). Their
-index entries in ``batches`` are written only once their file is ingested, and reads or
-listings of a ledger with files not ingested yet ingest them first.
-
-A write batch spanning the families is still atomic; one WAL serves them all, and without
-it ``sync()`` flushes each family's memtable.
-
-Writes (``sync=False``) go into one staged ``WriteBatch``. With the WAL (``wal=True``) it
-reaches the DB at the end of each call. Without it (below) it may gather several calls, up to
-``write_behind_bytes``: a write is then no more volatile there than in the memtable, and one
-add at a time no longer pays RocksDB's ``write`` per add on cold caches (~25 µs of a bookie's
-CPU per add in situ, ~8 µs in a cold microbenchmark; docs/performance.md at e27bdd3, twelfth round).
-Every read of the DB, ``sync()``, ``delete_ledger`` and ``put_ledger`` write the staged batch
-first, under the same lock, so reads need no overlay of our own. (Until 2026-11 writes
-gathered behind an overlay dict; each entry then cost a dict insert and every read an overlay
-check, ~0.3 µs of Python per entry.)
-``sync()`` calls ``flush_wal(True)``: the WAL fsync is the durability point, and rocksdict
-runs it without the GIL. After a crash RocksDB replays the WAL in point-in-time mode: a torn
-tail is dropped and nothing after it is applied, so a lost write is absent and a present one
-is whole.
-
-With ``wal=False`` (a bookie whose journal holds every write: the journal *is* the write-ahead
-log, and RocksDB's own WAL would write each entry a second time on the event-loop thread) the
-batches skip the WAL and ``sync()`` flushes the memtable into an SST instead (``flush(True)``,
-also without the GIL). A crash then loses everything since the last flush, and the bookie's
-journal replay puts it back.
-
-Reads may run in several threads (``can_read_now``, bookie/read_pool.py): a read finds its
-batch under the lock and reads the value outside it, without the GIL, so that a read from the
-disk stops neither the writes nor the other reads.
-
-Ledger infos and the set of ledgers that have entries are small, so they live in memory (loaded on
-open, one seek per ledger); ``last_entry_id`` is cached per ledger.
+Ledger infos and the sets of ledgers with batches or entry keys live in memory, loaded on open
+(one seek per ledger), where a dir an older version wrote is upgraded first
+(engines/rocksdb_upgrade.py); ``last_entry_id`` is cached per ledger.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TypeVar, cast
 
@@ -136,8 +66,6 @@ from .rocksdb_keys import (
     _BATCHES_MARKER,
     _COUNT,
     _ENTRY_KEY,
-    _ID,
-    _ID_MAX,
     _IN_COPIES,
     _LEDGER_KEY,
     BATCHES_CF,
@@ -154,7 +82,9 @@ from .rocksdb_keys import (
     entry_key,
     info_key,
 )
+from .rocksdb_memory import MemtableBatches, ParsedBatches
 from .rocksdb_options import _IMMUTABLE_PAUSE, BLOB_BYTES_MIN, _collect_copies, _open_db
+from .rocksdb_upgrade import index_batches, move_infos, move_singles, old_infos, scan_infos
 
 __all__ = [
     "BATCHES_CF",
@@ -167,10 +97,7 @@ __all__ = [
     "info_key",
 ]
 
-_PARSED_COUNT_MAX = 16  # batches kept parsed for reads (each read looks through them)
-_RECENT_MAX = 65_536  # batches known to be in a memtable (tiny entries: a few MiB of them)
 _T = TypeVar("_T")
-_MOVE_BYTES = 64 << 20  # entry keys moved to SINGLES_CF per write, opening an older dir
 
 
 class RocksDBEngine:
@@ -223,24 +150,14 @@ class RocksDBEngine:
         self._batched: set[int] = set()  # ledgers with batch keys
         self._last: dict[int, int] = {}  # cache; absent means "ask the db"
         self._deleted: set[int] = set()  # ledgers whose ranges reclaim_space compacts next
-        # Batches parsed by reads, newest last: (ledger, first id) -> batch; within the bound.
-        self._parsed: OrderedDict[tuple[int, int], _Batch] = OrderedDict()
-        self._parsed_bytes = 0
-        self._parsed_bytes_max = batch_cache_bytes
+        self._parsed = ParsedBatches(batch_cache_bytes)  # batches reads parsed (under _lock)
         # Read threads (can_read_now): how many read a batch outside the lock (close waits for
         # none), and how many ledgers were deleted (a batch read across a delete is not cached).
         self._reading = 0
         self._idle = threading.Condition(self._lock)
         self._deletions = 0
-        # Batches still in a memtable, so that a read of them is known not to wait on the
-        # disk (can_read_now): those written here less than a memtable's bytes ago and since
-        # the last flush, oldest first, as (_put_bytes after it, ledger, last id); and per
-        # ledger the first id from which every batch of it is among them.
-        self._recent: deque[tuple[int, int, int]] = deque()
-        self._recent_from: dict[int, int] = {}
-        self._put_bytes = 0  # payload bytes of the batches written since open
-        self._flushed_at = 0  # _put_bytes when sync() last flushed the memtables (wal=False)
-        self._memtable_bytes = memtable_bytes
+        # Batches still in a memtable: a read of them does not wait on the disk.
+        self._memtables = MemtableBatches(memtable_bytes)
         self._syncs = 0
         # Deferred-sync copies go into SST files ingested at sync (engines/copy_files.py).
         self._copy_files: CopyFiles | None = None
@@ -257,91 +174,26 @@ class RocksDBEngine:
 
     def _load(self) -> None:
         """Read every ledger info and find every ledger with entries or batches (one seek per
-        ledger and key space). Infos still in the default column family (a dir written before
-        2026-11-23) move to their own, in one write, synced."""
-
-        def infos(it: RdictIter) -> dict[int, bytes]:
-            found = {}
-            it.seek(b"L")
-            while it.valid() and it.key()[:1] == b"L":
-                found[_ID.unpack_from(it.key(), 1)[0]] = it.value()
-                it.next()
-            return found
-
-        def scan(it: RdictIter) -> dict[int, bytes]:
-            it.seek(b"l")
-            if it.valid() and it.key()[:1] == b"l":
-                raise OSError(
-                    errno.EINVAL,
-                    f"ledger dir {self.directory} has ledger infos under the old b'l' keys "
-                    "(before 2026-11); this version reads b'L' keys only",
-                )
-            return infos(it)
-
-        old = self._iterate(scan)
-        self._move_singles()
+        ledger and key space), upgrading a dir an older version wrote first
+        (engines/rocksdb_upgrade.py)."""
+        old = old_infos(self._iterate, self.directory)
+        assert self._singles_cf is not None and self._batches_cf is not None
+        if move_singles(self._iterate, self._write, self._singles_cf):
+            self.sync()
         self._iterate(lambda it: _skip_scan(it, b"e", self._singles), self._singles_db)
-        current = self._iterate(infos, self._infos_db)
-        assert self._batches_db is not None
-        if self._batches_db.get(_BATCHES_MARKER) is None:
-            self._index_batches()  # a dir from before BATCHES_CF (or a new one)
+        current = self._iterate(scan_infos, self._infos_db)
+        assert self._batches_db is not None and self._infos_cf is not None
+        if self._batches_db.get(_BATCHES_MARKER) is None:  # a dir from before it (or a new one)
+            self._batched = index_batches(self._iterate, self._write, self._batches_cf)
+            if self._batched:
+                self.sync()
         else:
             self._iterate(lambda it: _skip_scan(it, b"b", self._batched), self._batches_db)
         if old:
-            batch = WriteBatch(raw_mode=True)
-            for ledger_id, data in old.items():
-                if ledger_id not in current:
-                    batch.put(info_key(ledger_id), data, self._infos_cf)
-                batch.delete(info_key(ledger_id))
-            self._write(batch)
+            move_infos(self._write, self._infos_cf, old, current)
             self.sync()
         for ledger_id, data in {**old, **current}.items():
             self._infos[ledger_id] = LedgerInfo.from_bytes(data)
-
-    def _move_singles(self) -> None:
-        """Move entry keys from the entries' family to ``SINGLES_CF`` (a dir written before
-        2026-11-27), in writes of at most ``_MOVE_BYTES`` and then one range delete, synced. A
-        crash in between leaves copies in both, and the next open moves them again."""
-
-        def move(it: RdictIter) -> bool:
-            it.seek(b"e")
-            moved, batch, size = False, WriteBatch(raw_mode=True), 0
-            while it.valid() and it.key()[:1] == b"e":
-                value = it.value()
-                batch.put(it.key(), value, self._singles_cf)
-                moved, size = True, size + len(value)
-                if size >= _MOVE_BYTES:
-                    self._write(batch)
-                    batch, size = WriteBatch(raw_mode=True), 0
-                it.next()
-            if len(batch):
-                self._write(batch)
-            return moved
-
-        if self._iterate(move):
-            batch = WriteBatch(raw_mode=True)
-            batch.delete_range(b"e", b"f")
-            self._write(batch)
-            self.sync()
-
-    def _index_batches(self) -> None:
-        """Copy every batch key to ``BATCHES_CF`` (a dir written before it existed), mark it
-        complete, sync. One pass over the batches, once. A new dir just gets the marker,
-        durable with the first sync (lost, the next open copies nothing again)."""
-
-        def copy(it: RdictIter) -> WriteBatch:
-            batch = WriteBatch(raw_mode=True)
-            it.seek(b"b")
-            while it.valid() and it.key()[:1] == b"b":
-                batch.put(it.key(), b"", self._batches_cf)
-                self._batched.add(_ID.unpack_from(it.key(), 1)[0])
-                it.next()
-            batch.put(_BATCHES_MARKER, b"", self._batches_cf)
-            return batch
-
-        self._write(self._iterate(copy))
-        if self._batched:
-            self.sync()
 
     def _iterate(self, walk: Callable[[RdictIter], _T], db: Rdict | None = None) -> _T:
         """Run ``walk`` on a fresh iterator (of ``db``, default the entries) and drop it: a live
@@ -394,10 +246,7 @@ class RocksDBEngine:
                 self._staged_bytes += len(packed)
                 self._write_staged(self._write_behind_bytes)
             self._batched.add(ledger_id)
-            self._put_bytes += len(packed)
-            self._recent_from.setdefault(ledger_id, first)
-            self._recent.append((self._put_bytes, ledger_id, last))
-            self._forget_flushed()
+            self._memtables.added(ledger_id, first, last, len(packed))
         else:
             pack, singles = _ENTRY_KEY.pack, self._singles_cf
             with self._lock:
@@ -425,7 +274,7 @@ class RocksDBEngine:
         self._batched.add(ledger_id)
         # Its batches in the memtable lie below these, which are on the disk once ingested:
         # no read of the ledger counts on the memtable until its next batch there.
-        self._recent_from.pop(ledger_id, None)
+        self._memtables.forget_ledger(ledger_id)
         return True
 
     def _ingest_copies(self, ledger_id: int) -> None:
@@ -491,11 +340,10 @@ class RocksDBEngine:
         self._singles.discard(ledger_id)
         self._batched.discard(ledger_id)
         self._last.pop(ledger_id, None)
-        self._recent_from.pop(ledger_id, None)  # (its batches in _recent are aged out alone)
+        self._memtables.forget_ledger(ledger_id)
         with self._lock:
             self._deletions += 1
-            for key in [k for k in self._parsed if k[0] == ledger_id]:
-                self._parsed_bytes -= len(self._parsed.pop(key).value)
+            self._parsed.drop_ledger(ledger_id)
 
     def _write(self, batch: WriteBatch) -> None:
         """Apply ``batch`` atomically (after the staged writes), without an fsync (``sync()``
@@ -544,12 +392,10 @@ class RocksDBEngine:
             return True  # absent
         if self._copies_pending(ledger_id):
             return False  # its copy files are ingested first
-        self._forget_flushed()
-        recent_from = self._recent_from.get(ledger_id)
-        if recent_from is not None and entry_id >= recent_from:
+        if self._memtables.holds(ledger_id, entry_id):
             return True
         with self._lock:  # read threads add batches to the cache
-            return self._parsed_batch(ledger_id, entry_id) is not None
+            return self._parsed.find(ledger_id, entry_id) is not None
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         """Safe in several threads at once (can_read_now): the read of a batch's value, the
@@ -568,7 +414,7 @@ class RocksDBEngine:
                     return value
             if ledger_id not in self._batched:
                 return None
-            batch = self._parsed_batch(ledger_id, entry_id)
+            batch = self._parsed.find(ledger_id, entry_id)
             if batch is not None:
                 return batch.record(entry_id)
             found = self._iterate(lambda it: _db_batch(it, ledger_id, entry_id),
@@ -583,7 +429,7 @@ class RocksDBEngine:
             # Still in a memtable (as can_read_now saw it): a plain get, the GIL held for
             # microseconds; released, the event loop (which reads these) would have to take
             # it back from whichever thread took it meanwhile (the journal's, a reader's).
-            in_memory = self._recent_from.get(ledger_id, _ID_MAX) <= first
+            in_memory = self._memtables.holds_batch(ledger_id, first)
         key = _BATCH_KEY.pack(b"b", ledger_id, first, last)
         try:
             value = family.get(key) if in_memory else _get_without_gil(family, key)
@@ -597,40 +443,8 @@ class RocksDBEngine:
         batch = _Batch(last, value)
         with self._lock:
             if deletions == self._deletions:  # else the ledger may be gone: cache nothing
-                self._remember(ledger_id, first, batch)
+                self._parsed.remember(ledger_id, first, batch)
         return batch.record(entry_id)
-
-    def _forget_flushed(self) -> None:
-        """Drop from ``_recent`` the batches a memtable flush has written to an SST by now
-        (the loop's thread only)."""
-        recent, recent_from = self._recent, self._recent_from
-        if not recent:
-            return
-        oldest = max(self._put_bytes - self._memtable_bytes, self._flushed_at)
-        while recent and (recent[0][0] <= oldest or len(recent) > _RECENT_MAX):
-            _, ledger_id, last = recent.popleft()
-            if ledger_id in recent_from:  # (not deleted since)
-                recent_from[ledger_id] = last + 1  # its later batches are still in memory
-
-    def _parsed_batch(self, ledger_id: int, entry_id: int) -> _Batch | None:
-        """The cached batch whose id range covers ``entry_id``, or None (``_lock`` held)."""
-        for (lid, first), batch in reversed(self._parsed.items()):
-            if lid == ledger_id and first <= entry_id <= batch.last:
-                return batch
-        return None
-
-    def _remember(self, ledger_id: int, first: int, batch: _Batch) -> None:
-        """Cache a batch just read, within the cache's bounds (``_lock`` held)."""
-        if len(batch.value) <= self._parsed_bytes_max:
-            old = self._parsed.pop((ledger_id, first), None)  # two threads read it at once
-            if old is not None:
-                self._parsed_bytes -= len(old.value)
-            self._parsed[(ledger_id, first)] = batch
-            self._parsed_bytes += len(batch.value)
-            while (
-                self._parsed_bytes > self._parsed_bytes_max or len(self._parsed) > _PARSED_COUNT_MAX
-            ):
-                self._parsed_bytes -= len(self._parsed.popitem(last=False)[1].value)
 
     def last_entry_id(self, ledger_id: int) -> int:
         last = self._last.get(ledger_id)
@@ -720,7 +534,7 @@ class RocksDBEngine:
                 )  # fmt: skip
                 assert db and infos and batches and copies and singles, "engine is closed"
                 self._write_staged()
-                put_bytes = self._put_bytes
+                put_bytes = self._memtables.put_bytes
                 files = self._copy_files.seal_all() if self._copy_files is not None else []
             if files:  # the copy files: their bulk synced here, then ingested under the lock
                 sync_data(files)
@@ -736,7 +550,7 @@ class RocksDBEngine:
                 copies.flush(True)  # before the batch keys that point into it
                 batches.flush(True)
                 db.flush(True)
-                self._flushed_at = put_bytes  # what was in the memtables is in SSTs now
+                self._memtables.flushed(put_bytes)  # what was in them is in SSTs now
             self._syncs += 1
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ One RocksDB in raw mode (bytes keys, bytewise order), in column families:
   length — then the record; ids ascending);
 * entries (``singles``, ``SINGLES_CF``): ``b"e" + >QQ(ledger_id, entry_id)`` -> the record;
 * every batch key again (``batches``, ``BATCHES_CF``), its entry count as value (why:
-  engines/rocksdb.py, "Lookups never position on a value they do not need").
+  docs/engines.md, "Why `batches`, and no lookup near a value it does not need").
 
 Big-endian ids make byte order numeric order, so a ledger's batches and its entries are each one
 contiguous key range (``seek`` walks it, ``seek_for_prev`` finds its last, ``delete_range``
@@ -44,8 +44,8 @@ def entry_key(ledger_id: int, entry_id: int) -> bytes:
 
 INFOS_CF = "infos"  # the column family of the ledger infos
 BATCHES_CF = "batches"  # every batch key again, its entry count as value (module docstring)
-COPIES_CF = "copies"  # the batches of recovery adds, with blob files (engines/rocksdb.py)
-SINGLES_CF = "singles"  # entry keys (engines/rocksdb.py, "Why entry keys apart")
+COPIES_CF = "copies"  # the batches of recovery adds, with blob files (docs/engines.md)
+SINGLES_CF = "singles"  # entry keys (docs/engines.md: why a family of their own)
 _BATCHES_MARKER = b"v1"  # in BATCHES_CF: it holds every batch key (sorts after b"b...")
 
 

@@ -3,7 +3,7 @@ no block compression (``_open_db``), level 0 (``_level0``), flushes and compacti
 RocksDB's rate limiter (``_pace_writes``), the payload families (``_payload_options``), blob
 files and, in ``copies``, their garbage collection (``_copies_options``, ``_collect_copies``).
 Each setting's comment or docstring has the runs behind it (engines/rocksdb.py says how the
-engine works as a whole; engines/rocksdb_keys.py has the column families' keys).
+engine works as a whole, docs/engines.md §3 why; engines/rocksdb_keys.py has the keys).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def _payload_options(memtable_bytes: int) -> Options:
 
 def _copies_options(memtable_bytes: int) -> Options:
     """COPIES_CF's options: payloads in blob files, with blob garbage collection
-    (engines/rocksdb.py's docstring, "Why copies apart")."""
+    (docs/engines.md, "Why copies have a column family of their own")."""
     copies = _payload_options(memtable_bytes)
     copies.set_enable_blob_files(True)
     copies.set_min_blob_size(BLOB_BYTES_MIN)

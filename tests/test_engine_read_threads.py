@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bookkeeper_aio.protocol import PACKED_ENTRY_PREFIX
 from engines.rocksdb import RocksDBEngine
+from engines.rocksdb_keys import _Batch
 
 MiB = 1 << 20
 
@@ -133,13 +134,15 @@ def test_a_batch_read_by_two_threads_at_once_is_cached_once(tmp_path: Path) -> N
             write(engine, ledger_id, 0, 64)
         assert not engine.can_read_now(1, 0)
         for _ in range(8):  # as if eight threads had read the batch before any cached it
-            engine._remember(1, 0, engine._parsed.get((1, 0)) or _read(engine))
-        assert engine._parsed_bytes == 64 * (4096 + PACKED_ENTRY_PREFIX.size)
+            engine._parsed.remember(1, 0, engine._parsed.get(1, 0) or _read(engine))
+        assert engine._parsed.bytes == 64 * (4096 + PACKED_ENTRY_PREFIX.size)
         assert engine.can_read_now(1, 0)
     finally:
         engine.close()
 
 
-def _read(engine: RocksDBEngine) -> object:
+def _read(engine: RocksDBEngine) -> _Batch:
     assert engine.get_entry(1, 0) == record(1, 0)
-    return engine._parsed[(1, 0)]
+    batch = engine._parsed.get(1, 0)
+    assert batch is not None
+    return batch
