@@ -128,6 +128,18 @@ def test_crashed_bookies_that_kept_their_writes_come_back_without_limbo(seed: in
     assert result.ok, result.report()
 
 
+def test_the_next_permanent_fault_waits_until_a_crashed_dead_disk_is_declared_lost() -> None:
+    """Seed 6620 (E3/WQ2/AQ2): bookie-5's ledger disk died and bookie-5 crashed before it
+    noticed, so it left no mark; the simulation took that as repaired and lost bookie-2 for
+    good 1.4 s later, before the auditor had even seen bookie-5 leave: both copies of an
+    acknowledged entry gone, which no system repairs in time. The next permanent fault now
+    waits until every lost bookie, a crashed dead disk's too, was declared lost and its
+    marks drained; the seed then keeps every invariant, autorecovery having replaced both."""
+    result = run_seed(6620)
+    assert result.ok, result.report()
+    assert result.stats["autorecovery"]["replacements"] >= 2, result.stats["autorecovery"]
+
+
 @pytest.mark.parametrize("seed", [7, 53, 92])
 def test_a_seed_replays_exactly(seed: int) -> None:
     # 53: a bookie crash aborts several connections, whose order (and so the latencies drawn
