@@ -25,11 +25,11 @@ class ParsedBatches:
     ``PARSED_COUNT_MAX`` of them and ``bytes_max`` bytes of values (a batch bigger than that
     is not kept). The engine's lock held for every call."""
 
-    __slots__ = ("_batches", "bytes", "bytes_max")
+    __slots__ = ("_batches", "bytes_max", "value_bytes")
 
     def __init__(self, bytes_max: int) -> None:
         self._batches: OrderedDict[tuple[int, int], _Batch] = OrderedDict()
-        self.bytes = 0  # the values' bytes
+        self.value_bytes = 0  # the kept values' bytes
         self.bytes_max = bytes_max
 
     def __len__(self) -> int:
@@ -53,16 +53,16 @@ class ParsedBatches:
             return
         old = self._batches.pop((ledger_id, first), None)
         if old is not None:
-            self.bytes -= len(old.value)
+            self.value_bytes -= len(old.value)
         self._batches[(ledger_id, first)] = batch
-        self.bytes += len(batch.value)
-        while self.bytes > self.bytes_max or len(self._batches) > PARSED_COUNT_MAX:
-            self.bytes -= len(self._batches.popitem(last=False)[1].value)
+        self.value_bytes += len(batch.value)
+        while self.value_bytes > self.bytes_max or len(self._batches) > PARSED_COUNT_MAX:
+            self.value_bytes -= len(self._batches.popitem(last=False)[1].value)
 
     def drop_ledger(self, ledger_id: int) -> None:
         """Forget a deleted ledger's batches."""
         for key in [k for k in self._batches if k[0] == ledger_id]:
-            self.bytes -= len(self._batches.pop(key).value)
+            self.value_bytes -= len(self._batches.pop(key).value)
 
 
 class MemtableBatches:

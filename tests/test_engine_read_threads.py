@@ -135,7 +135,7 @@ def test_a_batch_read_by_two_threads_at_once_is_cached_once(tmp_path: Path) -> N
         assert not engine.can_read_now(1, 0)
         for _ in range(8):  # as if eight threads had read the batch before any cached it
             engine._parsed.remember(1, 0, engine._parsed.get(1, 0) or _read(engine))
-        assert engine._parsed.bytes == 64 * (4096 + PACKED_ENTRY_PREFIX.size)
+        assert engine._parsed.value_bytes == 64 * (4096 + PACKED_ENTRY_PREFIX.size)
         assert engine.can_read_now(1, 0)
     finally:
         engine.close()

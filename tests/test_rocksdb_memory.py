@@ -62,7 +62,7 @@ def test_parsed_batches_stay_bounded_and_find_the_newest_covering_batch(
                         if lid == ledger_id and first <= entry_id <= b.last)  # fmt: skip
             expected = next(covering, None)
             assert cache.find(ledger_id, entry_id) is expected
-        assert cache.bytes == sum(len(m[2].value) for m in model) <= bytes_max
+        assert cache.value_bytes == sum(len(m[2].value) for m in model) <= bytes_max
         assert len(cache) == len(model) <= PARSED_COUNT_MAX
         for ledger_id, first, b in model:
             assert cache.get(ledger_id, first) is b
