@@ -126,7 +126,7 @@ class JournalFiles:
         """Write ``pieces`` at ``pos`` and fdatasync; when the write and the sync returned."""
         end = pos + size
         while end + RECORD_HEADER.size > self._allocated:
-            self._preallocate(_STEP_BYTES)
+            self._preallocate()
         assert self._file is not None
         self._file.append(pieces, pos)
         written = time.perf_counter()
@@ -136,15 +136,13 @@ class JournalFiles:
         if self._allocated - end < self.config.journal_preallocate_bytes:
             # Keep the allocation ahead one step (1 MiB) at a time, synced with the next batch:
             # a whole journal_preallocate_bytes of zeros at once made one batch's fdatasync ~8 ms.
-            self._preallocate(_STEP_BYTES)
+            self._preallocate()
         return written, synced
 
-    def _preallocate(self, size: int | None = None) -> None:
-        """Allocate the next ``size`` bytes (default ``journal_preallocate_bytes``), reading
-        as zeros, never a sparse hole: fallocated, or real zeros written (the module
-        docstring)."""
-        step = min(size or self.config.journal_preallocate_bytes,
-                   self.config.journal_preallocate_bytes)  # fmt: skip
+    def _preallocate(self) -> None:
+        """Allocate the next step (1 MiB, at most ``journal_preallocate_bytes``), reading as
+        zeros, never a sparse hole: fallocated, or real zeros written (the module docstring)."""
+        step = min(_STEP_BYTES, self.config.journal_preallocate_bytes)
         target = round_up(self._allocated + step)
         if self._fallocate:
             try:
@@ -195,7 +193,7 @@ class JournalFiles:
             # journal_preallocate_bytes of zeros here made a rollover to a new file one stall of
             # the whole 16 MiB written and synced in the batch's path (~40-80 ms on this disk;
             # under load a fresh file every ~2.5 s: docs/performance.md).
-            self._preallocate(_STEP_BYTES)
+            self._preallocate()
         os.fsync(fd)
         fsync_dir(self.directory)
 
